@@ -1,0 +1,87 @@
+"""A concrete fuzz case: every tensor argument as a strided view of its own base buffer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class TensorArg:
+    """One tensor argument: a ``base`` buffer (1-D, contiguous) and the view taken of it.
+
+    Elements of ``base`` outside the view are guard cells: a target must never write them.
+    A ``meta`` base carries no data.
+    """
+
+    base: torch.Tensor
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int = 0
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.base.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.base.device
+
+    def view(self, base: torch.Tensor | None = None) -> torch.Tensor:
+        """The argument as the target sees it, on ``base`` (default: this arg's own base)."""
+        src = self.base if base is None else base
+        return src.as_strided(self.shape, self.stride, self.offset)
+
+    def footprint(self) -> int:
+        """Number of base elements the view can reach (0 for an empty view)."""
+        if any(s == 0 for s in self.shape):
+            return 0
+        return self.offset + 1 + sum((n - 1) * abs(st) for n, st in zip(self.shape, self.stride))
+
+    def on(self, device: torch.device | str) -> TensorArg:
+        """The same argument with its base moved to ``device``."""
+        return TensorArg(self.base.to(device), self.shape, self.stride, self.offset)
+
+
+@dataclass
+class Case:
+    """Arguments of one call of a contract's entry point, plus how they were made.
+
+    ``tensors`` and ``scalars`` together name every argument of the signature.
+    ``intent`` says what the generator meant (``"valid"`` or the breakages applied); it is
+    information only: the expected outcome always comes from the contract.
+    """
+
+    contract: str
+    variant: str
+    tensors: dict[str, TensorArg]
+    scalars: dict[str, Any]
+    intent: tuple[str, ...] = ("valid",)
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    def materialize(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        """Fresh copies of the bases and the call's keyword arguments viewing them."""
+        bases = {n: t.base.clone() for n, t in self.tensors.items()}
+        kwargs: dict[str, Any] = {n: t.view(bases[n]) for n, t in self.tensors.items()}
+        kwargs.update(self.scalars)
+        return kwargs, bases
+
+    def on(self, device: torch.device | str) -> Case:
+        """The same case with every non-meta base moved to ``device``."""
+        moved = {
+            n: (t if t.device.type == "meta" else t.on(device)) for n, t in self.tensors.items()
+        }
+        return Case(self.contract, self.variant, moved, dict(self.scalars), self.intent,
+                    dict(self.notes))
+
+    def describe(self) -> str:
+        """A one-paragraph, human-readable summary of the layout."""
+        parts = []
+        for n, t in self.tensors.items():
+            dev = "" if t.device.type == "cpu" else f" on {t.device.type}"
+            dt = str(t.dtype).replace("torch.", "")
+            parts.append(f"{n}: {dt}{list(t.shape)} stride={t.stride} offset={t.offset}{dev}")
+        parts += [f"{n}={v!r}" for n, v in self.scalars.items()]
+        return "; ".join(parts)

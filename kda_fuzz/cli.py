@@ -1,0 +1,163 @@
+"""The ``kda-fuzz`` command line: ``fuzz`` campaigns and corpus ``replay``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    """Bad command line or target: exit 2 with a one-line reason."""
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", action="append", metavar="MODULE:CALLABLE",
+                   help="callable under test, with the contract's signature (repeatable; "
+                        "default: the project's kernels for the contract)")
+    p.add_argument("--contract", default="helion",
+                   help="contract variant: helion (checks 1-22) or triton (no check 14)")
+    p.add_argument("--family", default="kda", help="kernel family contract (default: kda)")
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON summary object as the last line of stdout")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``kda-fuzz``."""
+    parser = argparse.ArgumentParser(prog="kda-fuzz", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    f = sub.add_parser("fuzz", help="run a fuzz campaign against a target")
+    _common(f)
+    f.add_argument("--max-examples", type=int, default=300,
+                   help="examples in the campaign (default 300)")
+    f.add_argument("--seed", type=int, default=None, help="seed for a reproducible campaign")
+    f.add_argument("--corpus", default=None, metavar="DIR",
+                   help="save the minimized failing case into DIR")
+    f.add_argument("--budget", type=int, default=None,
+                   help="max B*HV*V*K elements per valid case (default: 2^20)")
+    f.add_argument("--valid-share", type=float, default=0.5,
+                   help="share of examples spent on valid layouts (default 0.5)")
+    f.add_argument("--shrink-seconds", type=float, default=60.0,
+                   help="time allowed for Hypothesis' shrinking after a failure")
+    r = sub.add_parser("replay", help="replay saved corpus files against a target")
+    _common(r)
+    r.add_argument("paths", nargs="+", metavar="PATH", help="corpus files or folders")
+    return parser
+
+
+def _prepare_device(device: str) -> None:
+    """Set up kernel execution for ``device`` before kernels are imported."""
+    if not device.startswith("cuda"):
+        from kernels.kda_decode import _execution
+
+        _execution.configure_cpu()
+
+
+def _targets(args: argparse.Namespace, contract: Any) -> list[Any]:
+    from .runner import TargetError, default_targets, load_target
+
+    try:
+        if args.target:
+            return [load_target(t) for t in args.target]
+        return default_targets(contract, args.contract)
+    except TargetError as e:
+        raise UsageError(str(e)) from e
+
+
+def _contract(args: argparse.Namespace) -> Any:
+    from .contracts import get_contract
+
+    try:
+        contract = get_contract(args.family)
+        contract.checks_for(args.contract)
+    except ValueError as e:
+        raise UsageError(str(e)) from e
+    if not (args.device == "cpu" or args.device.startswith("cuda")):
+        raise UsageError(f"--device must be cpu or cuda[:N], not {args.device!r}")
+    return contract
+
+
+def _fuzz(args: argparse.Namespace) -> int:
+    from .progress import Progress
+    from .runner import campaign
+
+    contract = _contract(args)
+    if args.max_examples < 1:
+        raise UsageError("--max-examples must be at least 1")
+    if not 0 <= args.valid_share <= 1:
+        raise UsageError("--valid-share must be between 0 and 1")
+    _prepare_device(args.device)
+    targets = _targets(args, contract)
+    minimize = _minimizer(contract)
+    with Progress(args.max_examples, enabled=not args.json) as progress:
+        report = campaign(
+            contract, args.contract, targets, device=args.device,
+            max_examples=args.max_examples, seed=args.seed, budget=args.budget,
+            valid_share=args.valid_share, shrink_seconds=args.shrink_seconds,
+            on_example=progress.update, minimize=minimize,
+        )
+    if args.corpus and report.failures:
+        from .corpus import save_failure
+
+        for f in report.failures:
+            f.saved = str(save_failure(f, args.corpus, contract=contract, seed=args.seed))
+            report.saved.append(f.saved)
+    _print_report(report, args.json)
+    return EXIT_FAILURE if report.failures else EXIT_OK
+
+
+def _minimizer(contract: Any) -> Any:
+    try:
+        from .minimize import minimize
+    except ImportError:
+        return None
+    return lambda case, target, verdict: minimize(contract, case, target.fn, verdict)
+
+
+def _print_report(report: Any, as_json: bool) -> None:
+    from .progress import print_summary
+
+    if as_json:
+        print(json.dumps(report.to_json(), sort_keys=True))
+    else:
+        print_summary(report)
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from .corpus import replay_command
+
+    contract = _contract(args)
+    _prepare_device(args.device)
+    targets = _targets(args, contract)
+    return replay_command(contract, args.contract, targets, args.paths, device=args.device,
+                          as_json=args.json)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``kda-fuzz`` console script."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse exits 2 on usage errors, 0 on --help
+        return int(e.code or 0)
+    try:
+        if args.command == "fuzz":
+            return _fuzz(args)
+        return _replay(args)
+    except UsageError as e:
+        print(f"kda-fuzz: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("kda-fuzz: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

@@ -1,0 +1,325 @@
+"""The packed KDA decode contract (spec ``kda-packed-decode.md``) as data.
+
+Checks 1-22 with their exact messages, the derived values they use, the holes that
+must still raise, and the differential oracle with its tolerance policy:
+
+* reference: ``reference_kda_packed_decode`` in float64 on the same (upcast) inputs;
+* per element, |got - ref| <= bound, where the bound is a forward error estimate of
+  float32 arithmetic built from the magnitudes of the terms (gamma = 8 (K + 16) 2^-24
+  per accumulated product, the gate's sensitivity for exp(g)), plus one rounding of the
+  stored dtype (its eps times |ref|) and the dtype's subnormal spacing. Float32 done
+  right sits orders of magnitude inside it; one bf16/fp16 rounding of an intermediate
+  (eps 2^-8 / 2^-11) lands outside it;
+* padding rows exactly 0 (``out`` is pre-filled with NaN); every state element outside
+  the named slots, guard cells included, bit-identical; read-only inputs bit-identical;
+  the returned pair ``is`` the caller's ``(out, initial_state)``.
+
+Layouts whose float64 result does not fit the stored dtype (more than half its max) are
+not judged numerically (counted as ``overflow_skips``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..case import Case
+from ..contract import Check, Contract, Hole, Unjudgeable, shape
+from ..verdict import Verdict
+from . import kda_layouts
+
+SIGNATURE = (
+    "mixed_qkv", "a", "b", "A_log", "dt_bias", "scale", "initial_state", "out",
+    "ssm_state_indices", "use_qk_l2norm_in_kernel", "lower_bound",
+)
+READ_ONLY = ("mixed_qkv", "a", "b", "A_log", "dt_bias", "ssm_state_indices")
+DEVICE_PEERS = ("a", "b", "A_log", "dt_bias", "initial_state", "out", "ssm_state_indices")
+HELION = frozenset({"helion"})
+
+
+def _pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+DERIVED = {
+    "B": lambda n: n.mixed_qkv.shape[0],
+    "HV": lambda n: n.initial_state.shape[-3],
+    "V": lambda n: n.initial_state.shape[-2],
+    "K": lambda n: n.initial_state.shape[-1],
+    "HVK": lambda n: n.HV * n.K,
+    "a_shape": lambda n: shape(n.a),
+    "b_shape": lambda n: shape(n.b),
+    "out_shape": lambda n: shape(n.out),
+    "out_expected": lambda n: (n.B, 1, n.HV, n.V),
+    "idx_shape": lambda n: shape(n.ssm_state_indices),
+    "A_log_numel": lambda n: n.A_log.numel(),
+    "dt_bias_numel": lambda n: n.dt_bias.numel(),
+    "qkv_dim": lambda n: n.mixed_qkv.shape[1],
+    "qk_dim": lambda n: n.qkv_dim - n.HV * n.V,
+    "q_dim": lambda n: n.qk_dim // 2,
+    "H": lambda n: n.q_dim // n.K,
+}
+
+CHECKS = (
+    Check(1, lambda n: n.mixed_qkv.ndim != 2,
+          "`mixed_qkv` must be a 2D tensor (got ndim={mixed_qkv.ndim})."),
+    Check(2, lambda n: n.mixed_qkv.stride(-1) != 1,
+          "`mixed_qkv` must be contiguous in the last dim."),
+    Check(3, lambda n: n.a.ndim != 2 or n.b.ndim != 2,
+          "`a` and `b` must be 2D tensors (got a.ndim={a.ndim}, b.ndim={b.ndim})."),
+    Check(4, lambda n: n.a.stride(-1) != 1 or n.b.stride(-1) != 1,
+          "`a`/`b` must be contiguous in the last dim."),
+    Check(5, lambda n: n.A_log.ndim != 1 or n.dt_bias.ndim != 1,
+          "`A_log`/`dt_bias` must be 1D tensors."),
+    Check(6, lambda n: n.A_log.stride(0) != 1 or n.dt_bias.stride(0) != 1,
+          "`A_log`/`dt_bias` must be contiguous."),
+    Check(7, lambda n: n.ssm_state_indices.ndim != 1,
+          "`ssm_state_indices` must be 1D for packed decode "
+          "(got ndim={ssm_state_indices.ndim})."),
+    Check(8, lambda n: not n.out.is_contiguous(), "`out` must be contiguous."),
+    Check(9, lambda n: any(n[p].device != n.mixed_qkv.device for p in DEVICE_PEERS),
+          "All inputs must be on the same device."),
+    Check(10, lambda n: n.a.shape[0] != n.B or n.b.shape[0] != n.B,
+          "Mismatched batch sizes: mixed_qkv.shape[0]={B}, a.shape[0]={a.shape[0]}, "
+          "b.shape[0]={b.shape[0]}."),
+    Check(11, lambda n: n.ssm_state_indices.shape[0] != n.B,
+          "`ssm_state_indices` must have shape [B] (got {idx_shape}; expected ({B},))."),
+    Check(12, lambda n: n.initial_state.ndim != 4,
+          "`initial_state` must be a 4D tensor (got ndim={initial_state.ndim})."),
+    Check(13, lambda n: n.initial_state.stride(-1) != 1,
+          "`initial_state` must be contiguous in the last dim."),
+    Check(14, lambda n: not (_pow2(n.K) and _pow2(n.V)),
+          "Helion KDA decode requires power-of-two key and value head dimensions "
+          "(got K={K}, V={V}).", HELION),
+    Check(15, lambda n: n.a.shape[1] != n.HVK,
+          "`a` must have shape [B, HV*K] with HV={HV}, K={K} (got a.shape={a_shape})."),
+    Check(16, lambda n: n.b.shape[1] != n.HV,
+          "`b` must have shape [B, HV] with HV={HV} (got b.shape={b_shape})."),
+    Check(17, lambda n: n.A_log_numel != n.HV,
+          "`A_log` must have {HV} elements (got {A_log_numel})."),
+    Check(18, lambda n: n.dt_bias_numel != n.HVK,
+          "`dt_bias` must have {HVK} elements (got {dt_bias_numel})."),
+    Check(19, lambda n: n.out_shape != n.out_expected,
+          "`out` must have shape {out_expected} (got out.shape={out_shape})."),
+    Check(20, lambda n: n.qk_dim <= 0 or n.qk_dim % 2 != 0,
+          "Invalid packed `mixed_qkv` last dim={qkv_dim} for HV={HV}, V={V}."),
+    Check(21, lambda n: n.q_dim % n.K != 0,
+          "Invalid packed Q size {q_dim}: must be divisible by K={K}. KDA packed decode "
+          "requires num_q_heads == num_k_heads and head_q_dim == head_k_dim."),
+    Check(22, lambda n: n.H <= 0 or n.HV % n.H != 0,
+          "Invalid head config inferred from mixed_qkv: H={H}, HV={HV}."),
+)
+
+# Upstream lets HV = 0 or V = 0 through and divides by K = 0 in check 21: a correct
+# implementation must still raise ValueError there (which message is not pinned).
+HOLES = (Hole("zero-sized K, V or HV", lambda n: min(n.K, n.V, n.HV) == 0, after=13),)
+
+
+# --------------------------------------------------------------------------- oracle
+
+_U32 = 2.0**-24
+
+
+def _eps(dtype: torch.dtype) -> float:
+    return torch.finfo(dtype).eps
+
+
+def _tiny(dtype: torch.dtype) -> float:
+    fi = torch.finfo(dtype)
+    return fi.smallest_normal * fi.eps
+
+
+_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bit patterns as integers of the same width (NaN-safe equality)."""
+    return t.view(_INT_OF_SIZE[t.element_size()])
+
+
+def _bitwise_equal(x: torch.Tensor, y: torch.Tensor) -> bool:
+    if x.device.type == "meta":
+        return True
+    return torch.equal(_bits(x), _bits(y))
+
+
+def reference64(args: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """Float64 result and per-element error bounds for the rows with ``idx >= 0``."""
+    from kernels.kda_decode import reference_kda_packed_decode
+
+    state = args["initial_state"]
+    out = args["out"]
+    f64 = torch.float64
+    state64 = state.to(f64)
+    out64 = torch.zeros(out.shape, dtype=f64, device=out.device)
+    reference_kda_packed_decode(
+        args["mixed_qkv"], args["a"], args["b"], args["A_log"], args["dt_bias"], args["scale"],
+        state64, out64, args["ssm_state_indices"], args["use_qk_l2norm_in_kernel"],
+        args["lower_bound"], compute_dtype=f64,
+    )
+    HV, V, K = state.shape[-3:]
+    H = (args["mixed_qkv"].shape[1] - HV * V) // 2 // K
+    idx = args["ssm_state_indices"].to(torch.long)
+    rows = (idx >= 0).nonzero().squeeze(1)
+    slots = idx[rows]
+    R = rows.numel()
+    qkv = args["mixed_qkv"][rows].to(f64)
+    q = qkv[:, : H * K].reshape(R, H, K).repeat_interleave(HV // H, dim=1)
+    k = qkv[:, H * K : 2 * H * K].reshape(R, H, K).repeat_interleave(HV // H, dim=1)
+    v = qkv[:, 2 * H * K : 2 * H * K + HV * V].reshape(R, HV, V)
+    if args["use_qk_l2norm_in_kernel"]:
+        q = q / torch.sqrt((q * q).sum(-1, keepdim=True) + 1e-6)
+        k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+    a = args["a"][rows].to(f64).reshape(R, HV, K).abs()
+    dt = args["dt_bias"].to(f64).reshape(HV, K).abs()
+    A_log = args["A_log"].to(f64).reshape(HV, 1)
+    A = A_log.exp()
+    lb = args["lower_bound"]
+    x = args["a"][rows].to(f64).reshape(R, HV, K) + args["dt_bias"].to(f64).reshape(HV, K)
+    if lb is None:
+        g = -A * torch.where(x <= 20, torch.log1p(torch.exp(x)), x)
+    else:
+        g = lb * torch.sigmoid(A * x)
+    beta = torch.sigmoid(args["b"][rows].to(f64))
+    gamma = 8.0 * (K + 16) * _U32
+    gsens = g.abs() * (A_log.abs() + 4) + A * (a + dt) * max(1.0, abs(lb or 0.0))
+    S0 = state[slots].to(f64).abs()
+    S_dec = S0 * torch.exp(g).unsqueeze(2)
+    k_abs, q_abs = k.abs(), q.abs()
+    M_r = beta.unsqueeze(-1) * (v.abs() + torch.einsum("rhvk,rhk->rhv", S_dec, k_abs))
+    # exp(g) may underflow (or flush to zero): an absolute error of one smallest normal.
+    tiny32 = torch.finfo(torch.float32).smallest_normal
+    e_state = (S_dec * (gamma + 4 * _U32 * gsens.unsqueeze(2))
+               + gamma * M_r.unsqueeze(-1) * k_abs.unsqueeze(2) + tiny32 * (S0 + 1))
+    new_state = state64[slots]
+    sc = abs(float(args["scale"]))
+    o = out64[rows, 0]
+    e_out = sc * (
+        torch.einsum("rhvk,rhk->rhv", e_state, q_abs)
+        + gamma * torch.einsum("rhvk,rhk->rhv", new_state.abs(), q_abs)
+        + tiny32 * (1 + q_abs.sum(-1, keepdim=True))
+    )
+    return {
+        "rows": rows,
+        "slots": slots,
+        "out": o,
+        "state": new_state,
+        "out_bound": e_out * (1 + _eps(out.dtype)) + _eps(out.dtype) * o.abs() + _tiny(out.dtype),
+        "state_bound": e_state + _eps(state.dtype) * new_state.abs() + _tiny(state.dtype),
+    }
+
+
+def _fits(t: torch.Tensor, dtype: torch.dtype) -> bool:
+    return bool(torch.isfinite(t).all()) and (
+        t.numel() == 0 or float(t.abs().max()) <= 0.5 * torch.finfo(dtype).max
+    )
+
+
+def _compare(name: str, got: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor) -> Verdict | None:
+    err = (got.to(torch.float64) - ref).abs()
+    bad = ~(err <= bound)  # NaN in got is bad
+    if not bool(bad.any()):
+        return None
+    ratio = torch.where(bad, err / bound.clamp_min(1e-300), torch.zeros_like(err))
+    ratio = torch.nan_to_num(ratio, nan=float("inf"))
+    flat = int(ratio.flatten().argmax())
+    where = list(torch.unravel_index(torch.tensor(flat), ratio.shape))
+    where = [int(w) for w in where]
+    g, r, bnd = got.flatten()[flat].item(), ref.flatten()[flat].item(), bound.flatten()[flat].item()
+    return Verdict(
+        "mismatch", f"{name}-value",
+        f"{name} differs from the float64 reference at {where}: got {g!r}, expected {r!r} "
+        f"(|err|={abs(g - r):.3g} > bound {bnd:.3g}); {int(bad.sum())} of {bad.numel()} "
+        "elements out of tolerance",
+        output=name, max_error=float(err[bad].max()) if bool(torch.isfinite(err[bad]).all())
+        else float("inf"), where=where,
+    )
+
+
+def judge(case: Case, kwargs: dict[str, Any], before: dict[str, torch.Tensor],
+          after: dict[str, torch.Tensor], result: Any) -> Verdict | None:
+    """The differential and semantic oracle for a layout the contract accepts.
+
+    ``before`` holds the bases as they were handed over, ``after`` the same bases after
+    the call; ``kwargs`` the views the target received. Raises ``Unjudgeable``.
+    """
+    out, state = kwargs["out"], kwargs["initial_state"]
+    if not (isinstance(result, tuple | list) and len(result) == 2
+            and result[0] is out and result[1] is state):
+        got = type(result).__name__
+        return Verdict("mismatch", "returned-objects",
+                       f"must return the caller's own (out, initial_state); got {got}")
+    for name in READ_ONLY:
+        if not _bitwise_equal(before[name], after[name]):
+            return Verdict("mismatch", f"mutated-{name}", f"read-only input `{name}` was modified")
+    ref_args = {n: case.tensors[n].view(before[n]) for n in case.tensors}
+    ref_args.update(case.scalars)
+    ref = reference64(ref_args)
+    if not (_fits(ref["out"], out.dtype) and _fits(ref["state"], state.dtype)):
+        raise Unjudgeable("float64 result exceeds half the range of the stored dtype")
+
+    # out: guard cells untouched, padding rows exactly zero, valid rows within bound.
+    out_arg = case.tensors["out"]
+    guard = torch.ones_like(after["out"], dtype=torch.bool)
+    out_arg.view(guard).fill_(False)
+    if not torch.equal(_bits(after["out"])[guard], _bits(before["out"])[guard]):
+        return Verdict("mismatch", "out-guard-written", "wrote outside `out`'s elements")
+    idx = kwargs["ssm_state_indices"].to(torch.long)
+    pad = (idx < 0).nonzero().squeeze(1)
+    if pad.numel():
+        pad_vals = out[pad]
+        if not bool((pad_vals == 0).all()):
+            row = int(pad[(pad_vals != 0).flatten(1).any(1)][0])
+            return Verdict("mismatch", "padding-row-not-zero",
+                           f"padding row {row} (index {int(idx[row])}) of `out` is not all zeros: "
+                           f"{out[row].flatten()[:8].tolist()}", output="out", where=[row])
+    v = _compare("out", out[ref["rows"], 0], ref["out"], ref["out_bound"])
+    if v is not None:
+        return _with_row(v, ref["rows"])
+
+    # state: named slots within bound; every other cell of the pool bit-identical.
+    st_arg = case.tensors["initial_state"]
+    untouched = torch.ones_like(after["initial_state"], dtype=torch.bool)
+    st_arg.view(untouched)[ref["slots"]] = False
+    changed = (_bits(after["initial_state"]) != _bits(before["initial_state"])) & untouched
+    if bool(changed.any()):
+        cell = int(changed.nonzero()[0, 0])
+        return Verdict("mismatch", "untouched-state-written",
+                       f"state pool element {cell} of the base buffer, outside every slot named by "
+                       f"a non-negative index, changed", output="initial_state", where=[cell])
+    v = _compare("initial_state", state[ref["slots"]], ref["state"], ref["state_bound"])
+    if v is not None:
+        return _with_row(v, ref["rows"])
+    return None
+
+
+def _with_row(v: Verdict, rows: torch.Tensor) -> Verdict:
+    """Point ``where`` at the batch row rather than the position among valid rows."""
+    if v.where:
+        where = [int(rows[v.where[0]]), *v.where[1:]]
+        return Verdict(v.kind, v.what, v.detail, v.check, v.message, v.output, v.max_error, where)
+    return v
+
+
+CONTRACT = Contract(
+    name="kda",
+    signature=SIGNATURE,
+    variants=("helion", "triton"),
+    checks=CHECKS,
+    derived=DERIVED,
+    judge=judge,
+    valid_cases=kda_layouts.valid_cases,
+    broken_cases=kda_layouts.broken_cases,
+    breakage_names=kda_layouts.breakage_names,
+    holes=HOLES,
+    doc=__doc__ or "",
+    extras={
+        "default_targets": {
+            "helion": ("kernels.kda_decode:helion_fused_recurrent_kda_packed_decode",),
+            "triton": ("kernels.kda_decode:fused_recurrent_kda_packed_decode",
+                       "kernels.kda_decode:kda_packed_decode"),
+        },
+        "reference_target": "kernels.kda_decode:reference_kda_packed_decode",
+    },
+)

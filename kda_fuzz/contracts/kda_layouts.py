@@ -1,0 +1,544 @@
+"""Hypothesis strategies for packed KDA decode layouts: valid ones and broken ones.
+
+A valid layout is drawn as a small ``KdaLayout`` value (sizes, dtypes, strides, value
+profiles, a seed) and built into a ``Case`` whose tensors are strided views of base
+buffers with guard cells (NaN for floats) around them, so out-of-bounds reads poison the
+result and out-of-bounds writes are seen. A broken layout is a valid one with one or
+more named breakages applied; each breakage aims at one check, or at a semantic rule the
+checks may not see (those that the contract accepts are reported as validation gaps).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from hypothesis import strategies as st
+
+from ..case import Case, TensorArg
+
+FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+INDEX_DTYPES = (torch.int32, torch.int64)
+POW2 = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+EDGE_DIMS = (1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 48, 63, 64, 65, 96, 100, 127,
+             128, 129, 160, 192, 255, 256)
+EDGE_B = (1, 2, 3, 31, 32, 33, 64, 65, 127, 128, 255, 256)
+INT_SENTINEL = 2**30 + 7  # guard value of index buffers: an out-of-range slot if read
+DEFAULT_BUDGET = 1 << 20  # B * HV * V * K elements of state touched per valid case
+
+
+@dataclass(frozen=True)
+class Values:
+    """How the numbers of one case are drawn (all from ``KdaLayout.seed``)."""
+
+    qkv_kind: str = "normal"
+    qkv_scale: float = 1.0
+    gate_center: float = 0.0
+    gate_spread: float = 1.0
+    dt_scale: float = 0.5
+    A_log_lo: float = -1.0
+    A_log_width: float = 1.0
+    b_scale: float = 1.0
+    state_kind: str = "normal"
+    state_scale: float = 1.0
+
+
+@dataclass(frozen=True)
+class KdaLayout:
+    """Everything that defines one packed decode call, before tensors exist."""
+
+    B: int
+    H: int
+    HV: int
+    K: int
+    V: int
+    spare_slots: int = 0
+    qkv_dtype: torch.dtype = torch.float32
+    ab_dtype: torch.dtype = torch.float32
+    param_dtype: torch.dtype = torch.float32
+    out_dtype: torch.dtype = torch.float32
+    state_dtype: torch.dtype = torch.float32
+    idx_dtype: torch.dtype = torch.int32
+    padding: str = "none"  # none | some | all | first | last
+    pad_value: str = "-1"  # -1 | any | min
+    qkv_row_pad: int = 0
+    a_row_pad: int = 0
+    b_row_pad: int = 0
+    slot_pad: int = 0
+    guard: int = 0
+    use_qk_l2norm_in_kernel: bool = False
+    lower_bound: float | None = None
+    scale: float | None = None  # None: K ** -0.5
+    values: Values = Values()
+    seed: int = 0
+
+    @property
+    def num_slots(self) -> int:
+        return self.B + self.spare_slots
+
+    @property
+    def width(self) -> int:
+        return 2 * self.H * self.K + self.HV * self.V
+
+
+# ------------------------------------------------------------------------ building
+
+
+def _fill(gen: torch.Generator, n: int, kind: str, scale: float) -> torch.Tensor:
+    if kind == "zeros" or n == 0:
+        return torch.zeros(n, dtype=torch.float64)
+    x = torch.randn(n, generator=gen, dtype=torch.float64)
+    if kind == "mixed":  # magnitudes spread over 1e-6..1e2, with exact zeros
+        mag = 10.0 ** (torch.rand(n, generator=gen, dtype=torch.float64) * 8 - 6)
+        x = x * mag * (torch.rand(n, generator=gen, dtype=torch.float64) > 0.1)
+    elif kind == "tiny":
+        x = x * 1e-6
+    return x * scale
+
+
+def strided_arg(shape: tuple[int, ...], dtype: torch.dtype, values: torch.Tensor | None,
+                stride: tuple[int, ...] | None = None, guard: int = 0,
+                device: str | torch.device = "cpu") -> TensorArg:
+    """A ``TensorArg`` of ``shape``/``stride`` in a base with ``guard`` sentinel cells each side."""
+    if stride is None:
+        stride = torch.empty(shape, device="meta").stride() if shape else ()
+    foot = 0 if any(n == 0 for n in shape) else 1 + sum((n - 1) * s for n, s in zip(shape, stride))
+    size = 2 * guard + foot
+    if torch.device(device).type == "meta":
+        return TensorArg(torch.empty(size, dtype=dtype, device="meta"), shape, stride, guard)
+    sentinel = float("nan") if dtype.is_floating_point else INT_SENTINEL
+    base = torch.full((size,), sentinel, dtype=dtype)
+    arg = TensorArg(base, tuple(shape), tuple(stride), guard)
+    if values is not None and foot:
+        view = arg.view()
+        if len(set(zip(view.stride(), view.shape))) == view.ndim and 0 not in stride:
+            view.copy_(values.reshape(shape).to(dtype))
+        else:  # overlapping view (a zero stride): fill the cells it reaches
+            base[guard : guard + foot] = values.flatten()[:foot].to(dtype).resize_(foot)
+    return arg.on(device) if torch.device(device).type != "cpu" else arg
+
+
+def _row_strided(gen: torch.Generator, rows: int, width: int, pad: int, dtype: torch.dtype,
+                 values: torch.Tensor, guard: int) -> TensorArg:
+    return strided_arg((rows, width), dtype, values, (width + pad, 1), guard)
+
+
+def _indices(p: KdaLayout, gen: torch.Generator) -> torch.Tensor:
+    B = p.B
+    pad = torch.zeros(B, dtype=torch.bool)
+    if p.padding == "some":
+        pad = torch.rand(B, generator=gen) < 0.3
+    elif p.padding == "all":
+        pad[:] = True
+    elif p.padding == "first":
+        pad[0] = True
+    elif p.padding == "last":
+        pad[-1] = True
+    idx = torch.randperm(p.num_slots, generator=gen)[:B].to(torch.int64)
+    if p.pad_value == "-1":
+        neg = torch.full((B,), -1, dtype=torch.int64)
+    elif p.pad_value == "min":
+        neg = torch.full((B,), -(2**31), dtype=torch.int64)
+    else:
+        neg = -torch.randint(1, p.num_slots + 3, (B,), generator=gen)
+    return torch.where(pad, neg, idx)
+
+
+def build(p: KdaLayout, variant: str, device: str = "cpu") -> Case:
+    """The concrete ``Case`` of a layout (valid when ``p``'s sizes are)."""
+    gen = torch.Generator().manual_seed(p.seed)
+    vals = p.values
+    B, HV, K, V, g = p.B, p.HV, p.K, p.V, p.guard
+    qkv = _fill(gen, B * p.width, vals.qkv_kind, vals.qkv_scale)
+    a = vals.gate_center + vals.gate_spread * torch.randn(B * HV * K, generator=gen,
+                                                          dtype=torch.float64)
+    dt = _fill(gen, HV * K, "normal", vals.dt_scale)
+    A_log = vals.A_log_lo + vals.A_log_width * torch.rand(HV, generator=gen, dtype=torch.float64)
+    b = _fill(gen, B * HV, "normal", vals.b_scale)
+    slot = HV * V * K + p.slot_pad
+    state = _fill(gen, p.num_slots * HV * V * K, vals.state_kind, vals.state_scale)
+    tensors = {
+        "mixed_qkv": _row_strided(gen, B, p.width, p.qkv_row_pad, p.qkv_dtype, qkv, g),
+        "a": _row_strided(gen, B, HV * K, p.a_row_pad, p.ab_dtype, a, g),
+        "b": _row_strided(gen, B, HV, p.b_row_pad, p.ab_dtype, b, g),
+        "A_log": strided_arg((HV,), p.param_dtype, A_log, guard=g),
+        "dt_bias": strided_arg((HV * K,), p.param_dtype, dt, guard=g),
+        "initial_state": strided_arg((p.num_slots, HV, V, K), p.state_dtype, state,
+                                     (slot, V * K, K, 1), g),
+        "out": strided_arg((B, 1, HV, V), p.out_dtype, None, guard=g),
+        "ssm_state_indices": strided_arg((B,), p.idx_dtype, _indices(p, gen), guard=g),
+    }
+    scalars = {
+        "scale": float(K**-0.5 if p.scale is None and K > 0 else (p.scale or 0.0)),
+        "use_qk_l2norm_in_kernel": p.use_qk_l2norm_in_kernel,
+        "lower_bound": p.lower_bound,
+    }
+    case = Case("kda", variant, tensors, scalars, ("valid",), {"layout": repr(p)})
+    return case if device == "cpu" else case.on(device)
+
+
+# ------------------------------------------------------------------- valid layouts
+
+
+def _dim(variant: str, hi: int = 256) -> st.SearchStrategy[int]:
+    hi = max(1, min(256, hi))
+    if variant == "helion":
+        return st.sampled_from([d for d in POW2 if d <= hi])
+    return st.one_of(st.sampled_from([d for d in EDGE_DIMS if d <= hi]), st.integers(1, hi))
+
+
+def _small_or(hi: int, lo: int = 1) -> st.SearchStrategy[int]:
+    return st.one_of(st.just(0), st.integers(lo, hi))
+
+
+def values() -> st.SearchStrategy[Values]:
+    """Value profiles from exact zeros and 1e-6 vectors to large, gates around softplus' 20."""
+    return st.builds(
+        Values,
+        qkv_kind=st.sampled_from(("normal", "mixed", "tiny", "zeros")),
+        qkv_scale=st.sampled_from((1.0, 0.1, 3.0, 10.0)),
+        gate_center=st.sampled_from((0.0, -5.0, 5.0, 19.5, 20.0, 20.5, 25.0, -30.0, 40.0, 90.0)),
+        gate_spread=st.sampled_from((1.0, 0.0, 0.1, 5.0, 30.0)),
+        dt_scale=st.sampled_from((0.5, 0.0, 2.0)),
+        A_log_lo=st.sampled_from((-1.0, -12.0, -6.0, -3.0, 0.0, 1.0, 2.0)),
+        A_log_width=st.sampled_from((1.0, 0.0, 3.0)),
+        b_scale=st.sampled_from((1.0, 0.1, 5.0, 30.0)),
+        state_kind=st.sampled_from(("normal", "mixed", "zeros", "tiny")),
+        state_scale=st.sampled_from((1.0, 0.01, 10.0, 100.0)),
+    )
+
+
+@st.composite
+def layouts(draw: Callable, variant: str, budget: int = DEFAULT_BUDGET,
+            max_b: int = 256, max_spare: int = 64) -> KdaLayout:
+    """Valid ``KdaLayout`` values of a contract variant, within ``budget`` state elements."""
+    K = draw(_dim(variant, budget))
+    V = draw(_dim(variant, budget // K))
+    per_head = max(1, V * K)
+    max_hv = max(1, min(64, budget // per_head))
+    H = draw(st.integers(1, min(8, max_hv)))
+    HV = H * draw(st.integers(1, max(1, min(8, max_hv // H))))
+    cap = max(1, min(max_b, budget // (HV * per_head)))
+    B = min(cap, draw(st.one_of(st.sampled_from(EDGE_B), st.integers(1, max_b))))
+    qkv_dtype = draw(st.sampled_from(FLOATS))
+    same_or = st.sampled_from((qkv_dtype, *FLOATS))
+    return KdaLayout(
+        B=B, H=H, HV=HV, K=K, V=V,
+        spare_slots=draw(st.one_of(st.integers(0, min(3, max_spare)),
+                                   st.integers(0, max_spare))),
+        qkv_dtype=qkv_dtype,
+        ab_dtype=draw(same_or),
+        param_dtype=draw(st.sampled_from((torch.float32, qkv_dtype))),
+        out_dtype=draw(same_or),
+        state_dtype=draw(st.sampled_from(FLOATS)),
+        idx_dtype=draw(st.sampled_from(INDEX_DTYPES)),
+        padding=draw(st.sampled_from(("none", "some", "first", "last", "all"))),
+        pad_value=draw(st.sampled_from(("-1", "any", "min"))),
+        qkv_row_pad=draw(_small_or(64)),
+        a_row_pad=draw(_small_or(32)),
+        b_row_pad=draw(_small_or(8)),
+        slot_pad=draw(_small_or(64)),
+        guard=draw(_small_or(16)),
+        use_qk_l2norm_in_kernel=draw(st.booleans()),
+        lower_bound=draw(st.one_of(st.none(), st.sampled_from((-5.0, -1.0, -0.1, -20.0)),
+                                   st.floats(-30.0, -1e-3))),
+        scale=draw(st.one_of(st.none(), st.sampled_from((1.0, 0.0, -1.0)),
+                             st.floats(-4.0, 4.0, allow_subnormal=False))),
+        values=draw(values()),
+        seed=draw(st.integers(0, 2**32 - 1)),
+    )
+
+
+def valid_cases(variant: str, *, budget: int = DEFAULT_BUDGET, device: str = "cpu",
+                max_b: int = 256) -> st.SearchStrategy[Case]:
+    """Cases that the contract variant accepts, built on ``device``."""
+    return layouts(variant, budget, max_b).map(lambda p: build(p, variant, device))
+
+
+# ------------------------------------------------------------------ broken layouts
+
+Breaker = Callable[[Callable, Case, KdaLayout], Case]
+
+
+@dataclass(frozen=True)
+class Breakage:
+    """A named way to break a valid layout.
+
+    ``check``: the check it aims at (None: a semantic rule with no check of its own).
+    ``semantic``: the result is wrong whatever the checks say; if the contract accepts
+    it, that is a validation gap of the contract, not a target failure.
+    """
+
+    name: str
+    check: int | None
+    apply: Breaker
+    semantic: bool = False
+
+
+def _seed(draw: Callable) -> torch.Generator:
+    return torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+
+
+def _randn(draw: Callable, shape: tuple[int, ...]) -> torch.Tensor:
+    n = 1
+    for s in shape:
+        n *= s
+    return torch.randn(max(n, 0), generator=_seed(draw), dtype=torch.float64)
+
+
+def _like(draw: Callable, old: TensorArg, shape: tuple[int, ...],
+          stride: tuple[int, ...] | None = None) -> TensorArg:
+    """A fresh random tensor of ``old``'s dtype and device with another shape/stride."""
+    if old.dtype.is_floating_point:
+        vals = _randn(draw, shape)
+    else:
+        n = 1
+        for s in shape:
+            n *= s
+        vals = torch.full((n,), -1, dtype=torch.int64)
+    return strided_arg(shape, old.dtype, vals, stride, device=old.device)
+
+
+def _put(case: Case, name: str, arg: TensorArg, label: str) -> Case:
+    tensors = dict(case.tensors)
+    tensors[name] = arg
+    intent = (*[i for i in case.intent if i != "valid"], label)
+    return Case(case.contract, case.variant, tensors, dict(case.scalars), intent, dict(case.notes))
+
+
+def _shape(case: Case, name: str) -> tuple[int, ...]:
+    return case.tensors[name].shape
+
+
+def _reshape(name: str, label: str, shapes: Callable[[tuple[int, ...]], list]) -> Breaker:
+    """Replace ``name`` by a tensor of another rank, holding the same elements."""
+
+    def apply(draw: Callable, case: Case, p: KdaLayout) -> Case:
+        new = draw(st.sampled_from(shapes(_shape(case, name))))
+        return _put(case, name, _like(draw, case.tensors[name], tuple(new)), label)
+
+    return apply
+
+
+def _last_stride(name: str, label: str) -> Breaker:
+    """Replace ``name`` by a view of the same shape whose last dim is not unit-stride."""
+
+    def apply(draw: Callable, case: Case, p: KdaLayout) -> Case:
+        shp = _shape(case, name)
+        step = draw(st.sampled_from((2, 3, 0)))
+        wide = (*shp[:-1], max(shp[-1], 1) * step if step else 1)
+        stride = (*torch.empty(wide, device="meta").stride()[:-1], step)
+        return _put(case, name, _like(draw, case.tensors[name], shp, stride), label)
+
+    return apply
+
+
+def _resize(name: str, label: str, dim: int) -> Breaker:
+    """Change one size of ``name`` by a small nonzero amount."""
+
+    def apply(draw: Callable, case: Case, p: KdaLayout) -> Case:
+        shp = list(_shape(case, name))
+        d = draw(st.sampled_from((1, -1, 2, 3)))
+        shp[dim] = shp[dim] + d if shp[dim] + d >= 0 else shp[dim] + 1
+        return _put(case, name, _like(draw, case.tensors[name], tuple(shp)), label)
+
+    return apply
+
+
+def _width(label: str, widths: Callable[[KdaLayout], list[int]]) -> Breaker:
+    """Replace ``mixed_qkv`` by one of another packed width (same rows)."""
+
+    def apply(draw: Callable, case: Case, p: KdaLayout) -> Case:
+        options = [w for w in widths(p) if w >= 0 and w != p.width] or [p.width + 1]
+        w = draw(st.sampled_from(options))
+        old = case.tensors["mixed_qkv"]
+        return _put(case, "mixed_qkv", _like(draw, old, (p.B, w)), label)
+
+    return apply
+
+
+def _to_meta(name: str) -> Breaker:
+    """Move one tensor to the ``meta`` device (the second device of a one-device machine)."""
+
+    def apply(draw: Callable, case: Case, p: KdaLayout) -> Case:
+        old = case.tensors[name]
+        arg = TensorArg(old.base.to("meta"), old.shape, old.stride, old.offset)
+        return _put(case, name, arg, f"device:{name}")
+
+    return apply
+
+
+def _out_noncontiguous(draw: Callable, case: Case, p: KdaLayout) -> Case:
+    B, HV, V = p.B, p.HV, p.V
+    kind = draw(st.sampled_from(("padded", "transposed")))
+    if kind == "transposed" and HV > 1 and V > 1:
+        stride = (HV * V, HV * V, 1, HV)
+    else:
+        stride = (HV * (V + 1), HV * (V + 1), V + 1, 1) if V > 0 else (2, 2, 1, 1)
+    return _put(case, "out", _like(draw, case.tensors["out"], (B, 1, HV, V), stride),
+                f"out-noncontiguous:{kind}")
+
+
+def _state_k_major(draw: Callable, case: Case, p: KdaLayout) -> Case:
+    n, HV, V, K = p.num_slots, p.HV, p.V, p.K
+    stride = (HV * V * K, V * K, 1, V)  # a K-major pool viewed as [slots, HV, V, K]
+    return _put(case, "initial_state", _like(draw, case.tensors["initial_state"],
+                                             (n, HV, V, K), stride), "state-k-major")
+
+
+def _state_inner_stride(draw: Callable, case: Case, p: KdaLayout) -> Case:
+    n, HV, V, K = p.num_slots, p.HV, p.V, p.K
+    pad = draw(st.integers(1, 8))
+    stride = (HV * V * (K + pad), V * (K + pad), K + pad, 1)
+    return _put(case, "initial_state", _like(draw, case.tensors["initial_state"],
+                                             (n, HV, V, K), stride), "state-padded-inner")
+
+
+def _indices_strided(draw: Callable, case: Case, p: KdaLayout) -> Case:
+    old = case.tensors["ssm_state_indices"]
+    vals = old.view().to(torch.int64)
+    return _put(case, "ssm_state_indices",
+                strided_arg((p.B,), old.dtype, vals, (2,), device=old.device),
+                "indices-strided")
+
+
+def _rebuild(label: str, change: Callable[[Callable, KdaLayout], KdaLayout]) -> Breaker:
+    """Build a fresh, self-consistent layout with some sizes changed."""
+
+    def apply(draw: Callable, case: Case, p: KdaLayout) -> Case:
+        q = change(draw, p)
+        new = build(q, case.variant)
+        return Case(case.contract, case.variant, new.tensors, new.scalars,
+                    (*[i for i in case.intent if i != "valid"], label), new.notes)
+
+    return apply
+
+
+def _non_pow2(draw: Callable, p: KdaLayout) -> KdaLayout:
+    bad = draw(st.sampled_from((3, 5, 6, 12, 48, 96, 100)))
+    which = draw(st.sampled_from(("K", "V", "both")))
+    q = replace(p, K=bad if which != "V" else p.K, V=bad if which != "K" else p.V)
+    return q if q.HV * q.K * q.V <= 1 << 16 else replace(q, H=1, HV=1)
+
+
+def _degenerate(draw: Callable, p: KdaLayout) -> KdaLayout:
+    which = draw(st.sampled_from(("K", "V", "HV", "H")))
+    return replace(p, **{which: 0})
+
+
+def _bad_heads(p: KdaLayout) -> list[int]:
+    return [2 * h * p.K + p.HV * p.V for h in range(1, 2 * p.HV + 2) if p.HV % h != 0]
+
+
+def _rank_variants(ndim_ok: int) -> Callable[[tuple[int, ...]], list]:
+    def shapes(shp: tuple[int, ...]) -> list:
+        n = 1
+        for s in shp:
+            n *= s
+        out = [(n,), (1, *shp), (*shp, 1), ()]
+        return [s for s in out if len(s) != ndim_ok]
+
+    return shapes
+
+
+def _each(names: tuple[str, ...], check: int, label: str,
+          make: Callable[[str], Breaker]) -> tuple[Breakage, ...]:
+    """One breakage per tensor name, so every tensor gets its share of examples."""
+    return tuple(Breakage(f"{label}:{n}", check, make(n)) for n in names)
+
+
+def _out_shape(which: str) -> Breaker:
+    def apply(draw: Callable, case: Case, p: KdaLayout) -> Case:
+        B, HV, V = p.B, p.HV, p.V
+        shp = {"B": (B + 1, 1, HV, V), "HV": (B, 1, HV + 1, V), "V": (B, 1, HV, V + 1),
+               "rank": (B, HV, V), "swap": (B, 1, V, HV) if V != HV else (B, 2, HV, V)}[which]
+        return _put(case, "out", _like(draw, case.tensors["out"], shp), f"out-shape:{which}")
+
+    return apply
+
+
+ALL_TENSORS = ("mixed_qkv", "a", "b", "A_log", "dt_bias", "initial_state", "out",
+               "ssm_state_indices")
+
+BREAKAGES: tuple[Breakage, ...] = (
+    Breakage("rank:mixed_qkv", 1, _reshape("mixed_qkv", "qkv-rank", _rank_variants(2))),
+    Breakage("last-stride:mixed_qkv", 2, _last_stride("mixed_qkv", "qkv-last-stride")),
+    *_each(("a", "b"), 3, "rank", lambda n: _reshape(n, f"{n}-rank", _rank_variants(2))),
+    *_each(("a", "b"), 4, "last-stride", lambda n: _last_stride(n, f"{n}-stride")),
+    *_each(("A_log", "dt_bias"), 5, "rank",
+           lambda n: _reshape(n, f"{n}-rank", _rank_variants(1))),
+    *_each(("A_log", "dt_bias"), 6, "stride", lambda n: _last_stride(n, f"{n}-stride")),
+    Breakage("rank:ssm_state_indices", 7, _reshape("ssm_state_indices", "indices-rank",
+                                                   _rank_variants(1))),
+    Breakage("out-noncontiguous", 8, _out_noncontiguous),
+    *_each(ALL_TENSORS, 9, "device", _to_meta),
+    *_each(("a", "b"), 10, "batch", lambda n: _resize(n, f"{n}-batch", 0)),
+    Breakage("batch:ssm_state_indices", 11, _resize("ssm_state_indices", "indices-batch", 0)),
+    Breakage("rank:initial_state", 12, _reshape("initial_state", "state-rank",
+                                                _rank_variants(4))),
+    Breakage("state-k-major", 13, _state_k_major),
+    Breakage("non-pow2-head-dim", 14, _rebuild("non-pow2-head-dim", _non_pow2)),
+    Breakage("a-width", 15, _resize("a", "a-width", 1)),
+    Breakage("b-width", 16, _resize("b", "b-width", 1)),
+    Breakage("A_log-numel", 17, _resize("A_log", "A_log-numel", 0)),
+    Breakage("dt_bias-numel", 18, _resize("dt_bias", "dt_bias-numel", 0)),
+    *_each(("B", "HV", "V", "rank", "swap"), 19, "out-shape", _out_shape),
+    Breakage("odd-qk-width", 20, _width("odd-qk-width", lambda p: [p.width + 1, p.width - 1,
+                                                                    p.HV * p.V, p.HV * p.V - 2])),
+    Breakage("q-not-divisible", 21, _width("q-not-divisible", lambda p: [
+        2 * (p.H * p.K + d) + p.HV * p.V for d in range(1, max(2, p.K))][:8])),
+    Breakage("heads-not-dividing", 22, _width("heads-not-dividing", _bad_heads)),
+    Breakage("missing-k-segment", None, _width("missing-k-segment", lambda p: [
+        p.H * p.K + p.HV * p.V]), semantic=True),
+    Breakage("extra-segment", None, _width("extra-segment", lambda p: [
+        p.width + e for e in (p.K, 2 * p.K, p.HV * p.V, 2 * p.H * p.K, 4 * p.K)]),
+        semantic=True),
+    Breakage("qk-width-mismatch", None, _width("qk-width-mismatch", lambda p: [
+        p.width + d for d in (1, 2, p.K, -1, -2) if p.width + d > p.HV * p.V]), semantic=True),
+    Breakage("state-padded-inner", None, _state_inner_stride, semantic=True),
+    Breakage("indices-strided", None, _indices_strided, semantic=True),
+    Breakage("zero-size", None, _rebuild("zero-size", _degenerate), semantic=True),
+)
+
+
+def breakages(variant: str) -> tuple[Breakage, ...]:
+    """The breakages that make sense for a variant (check 14 only exists for helion)."""
+    return tuple(b for b in BREAKAGES if not (b.check == 14 and variant != "helion"))
+
+
+def breakage_names(variant: str) -> tuple[str, ...]:
+    """Names of the variant's breakages, for campaigns that give each its share."""
+    return tuple(b.name for b in breakages(variant))
+
+
+@st.composite
+def broken_cases(draw: Callable, variant: str, *, budget: int = 4096, device: str = "cpu",
+                 only: str | None = None, max_breaks: int = 3) -> Case:
+    """A valid small layout with breakages applied: ``only`` that one, else one to three."""
+    p = draw(layouts(variant, budget=budget, max_b=8, max_spare=4))
+    case = build(p, variant, device)
+    options = breakages(variant)
+    if only is not None:
+        chosen = [b for b in options if b.name == only]
+        if not chosen:
+            raise ValueError(f"no breakage {only!r} for variant {variant!r}")
+    else:
+        n = draw(st.integers(1, max_breaks))
+        chosen = draw(st.lists(st.sampled_from(options), min_size=1, max_size=n,
+                               unique_by=lambda b: b.name))
+    for brk in chosen:
+        case = brk.apply(draw, case, p)
+    case.notes["breakages"] = [b.name for b in chosen]
+    case.notes["semantic"] = any(b.semantic for b in chosen)
+    return case
+
+
+def describe_layout(case: Case) -> dict[str, Any]:
+    """Sizes of a case as the contract names them (best effort on broken layouts)."""
+    st_shape = case.tensors["initial_state"].shape
+    out = {"B": case.tensors["mixed_qkv"].shape[0] if case.tensors["mixed_qkv"].shape else None}
+    if len(st_shape) == 4:
+        out.update(num_slots=st_shape[0], HV=st_shape[1], V=st_shape[2], K=st_shape[3])
+    return out

@@ -1,0 +1,248 @@
+"""Fuzz campaigns: Hypothesis drives valid and broken cases through the oracles."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import seed as hypothesis_seed
+from hypothesis import strategies as st
+
+from .case import Case
+from .contract import Contract
+from .oracle import Outcome, run_case
+from .verdict import Verdict
+
+
+class TargetError(Exception):
+    """A ``--target`` that cannot be imported or called."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """A callable under test and the name it was given by."""
+
+    name: str
+    fn: Callable[..., Any]
+
+
+def load_target(spec: str) -> Target:
+    """Import ``MODULE:CALLABLE`` with the current directory on ``sys.path``."""
+    module, sep, attr = spec.partition(":")
+    if not sep or not module or not attr:
+        raise TargetError(f"target {spec!r} is not of the form MODULE:CALLABLE")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        mod = importlib.import_module(module)
+    except Exception as e:
+        raise TargetError(f"cannot import {module!r}: {type(e).__name__}: {e}") from e
+    fn: Any = mod
+    for part in attr.split("."):
+        fn = getattr(fn, part, None)
+        if fn is None:
+            raise TargetError(f"module {module!r} has no attribute {attr!r}")
+    if not callable(fn):
+        raise TargetError(f"{spec!r} is not callable")
+    return Target(spec, fn)
+
+
+def default_targets(contract: Contract, variant: str) -> list[Target]:
+    """The project's own kernels for a contract variant."""
+    return [load_target(s) for s in contract.extras.get("default_targets", {}).get(variant, ())]
+
+
+def fingerprint(case: Case) -> str:
+    """A content hash of a case: layouts, bytes and scalars."""
+    h = hashlib.sha256()
+    for name in sorted(case.tensors):
+        t = case.tensors[name]
+        h.update(f"{name}|{t.dtype}|{t.device.type}|{t.shape}|{t.stride}|{t.offset}|".encode())
+        if t.device.type != "meta":
+            h.update(t.base.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    h.update(repr(sorted(case.scalars.items())).encode())
+    h.update(case.variant.encode())
+    return h.hexdigest()
+
+
+@dataclass
+class Failure:
+    """A failing case, as small as Hypothesis (and the domain minimizer) could make it."""
+
+    case: Case
+    verdict: Verdict
+    target: str
+    saved: str | None = None
+    original: Case | None = None
+
+
+@dataclass
+class Report:
+    """Counts and findings of one campaign."""
+
+    contract: str
+    variant: str
+    targets: list[str]
+    examples: int = 0
+    valid_cases: int = 0
+    broken_cases: int = 0
+    skipped: int = 0
+    seconds: float = 0.0
+    checks_hit: Counter = field(default_factory=Counter)
+    validation_gaps: Counter = field(default_factory=Counter)
+    failures: list[Failure] = field(default_factory=list)
+    saved: list[str] = field(default_factory=list)
+
+    def record(self, outcome: Outcome, case: Case) -> None:
+        exp = outcome.expectation
+        if outcome.status == "gap":
+            label = "+".join(case.notes.get("breakages", ["?"]))
+            self.validation_gaps[label] += 1
+        elif exp.ok:
+            self.valid_cases += 1
+        else:
+            self.broken_cases += 1
+            self.checks_hit[exp.check if exp.check is not None else f"hole:{exp.hole}"] += 1
+        if outcome.status == "skip":
+            self.skipped += 1
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "contract": self.contract,
+            "variant": self.variant,
+            "targets": self.targets,
+            "examples": self.examples,
+            "valid_cases": self.valid_cases,
+            "broken_cases": self.broken_cases,
+            "skipped_unjudgeable": self.skipped,
+            "failures": len(self.failures),
+            "failure_details": [
+                {"target": f.target, **f.verdict.to_json(), "saved": f.saved}
+                for f in self.failures
+            ],
+            "seconds": round(self.seconds, 3),
+            "checks_hit": {str(k): v for k, v in sorted(self.checks_hit.items(), key=str)},
+            "validation_gaps": dict(self.validation_gaps),
+            "saved": self.saved,
+        }
+
+
+class _Found(Exception):
+    """Raised inside the Hypothesis test to report a failing case."""
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One stratum of a campaign: a strategy and the examples it gets."""
+
+    name: str
+    strategy: st.SearchStrategy[Case]
+    examples: int
+
+
+def plan(contract: Contract, variant: str, max_examples: int, *, device: str = "cpu",
+         budget: int | None = None, valid_share: float = 0.5) -> list[Arm]:
+    """Split a campaign's examples: every named breakage gets its share, then a random mix
+    of several breakages, then valid layouts (most of the budget, run last)."""
+    names = contract.breakage_names(variant)
+    n_broken = round(max_examples * (1 - valid_share))
+    per = max(1, (n_broken * 4 // 5) // max(1, len(names))) if n_broken else 0
+    arms = [Arm(f"broken:{n}", contract.broken_cases(variant, device=device, only=n), per)
+            for n in names] if per else []
+    used = per * len(arms)
+    mix = max(0, n_broken - used)
+    if mix:
+        arms.append(Arm("broken:mix", contract.broken_cases(variant, device=device), mix))
+    used += mix
+    kw = {"budget": budget} if budget else {}
+    if max_examples - used > 0:
+        arms.append(Arm("valid", contract.valid_cases(variant, device=device, **kw),
+                        max_examples - used))
+    return arms
+
+
+def campaign(
+    contract: Contract,
+    variant: str,
+    targets: list[Target],
+    *,
+    device: str = "cpu",
+    max_examples: int = 200,
+    seed: int | None = None,
+    budget: int | None = None,
+    valid_share: float = 0.5,
+    shrink_seconds: float = 60.0,
+    on_example: Callable[[Report], None] | None = None,
+    minimize: Callable[[Case, Target, Verdict], Case] | None = None,
+) -> Report:
+    """Run one fuzz campaign; stops at the first failing case, minimized."""
+    report = Report(contract.name, variant, [t.name for t in targets])
+    contract.checks_for(variant)  # rejects unknown variants early
+    state: dict[str, Any] = {"first": None, "t_first": None, "last": None, "fps": set()}
+    t0 = time.monotonic()
+
+    def count(outcome: Outcome, case: Case) -> None:
+        report.examples += 1
+        report.record(outcome, case)
+        if on_example is not None:
+            on_example(report)
+
+    def body(case: Case) -> None:
+        shrinking = state["first"] is not None
+        if shrinking:
+            over = time.monotonic() - state["t_first"] > shrink_seconds
+            if over and fingerprint(case) not in state["fps"]:
+                return
+        outcome = None
+        for target in targets:
+            outcome = run_case(contract, case, target.fn)
+            if outcome.status == "fail":
+                assert outcome.verdict is not None
+                first = state["first"]
+                if first is not None and not outcome.verdict.same_failure(first[1]):
+                    return  # shrinking must keep the same failure
+                state["fps"].add(fingerprint(case))
+                state["last"] = (case, outcome.verdict, target)
+                if first is None:
+                    state["first"], state["t_first"] = state["last"], time.monotonic()
+                    count(outcome, case)
+                raise _Found(outcome.verdict.summary())
+            if outcome.status in ("gap", "skip"):
+                break
+        if not shrinking and outcome is not None:
+            count(outcome, case)
+
+    for i, arm in enumerate(plan(contract, variant, max_examples, device=device, budget=budget,
+                                 valid_share=valid_share)):
+        test = settings(
+            max_examples=arm.examples,
+            database=None,
+            deadline=None,
+            phases=(Phase.generate, Phase.shrink),
+            suppress_health_check=list(HealthCheck),
+            report_multiple_bugs=False,
+            print_blob=False,
+        )(given(arm.strategy)(body))
+        if seed is not None:
+            test = hypothesis_seed(seed * 1009 + i)(test)
+        try:
+            test()
+        except _Found:
+            case, verdict, target = state["last"]
+            failure = Failure(case, verdict, target.name)
+            if minimize is not None:
+                failure.original = case
+                failure.case = minimize(case, target, verdict)
+            report.failures.append(failure)
+            break
+    report.seconds = time.monotonic() - t0
+    return report

@@ -1,0 +1,1 @@
+"""Kernels under test by kda-fuzz."""
