@@ -20,8 +20,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", action="append", metavar="MODULE:CALLABLE",
                    help="callable under test, with the contract's signature (repeatable; "
                         "default: the project's kernels for the contract)")
-    p.add_argument("--contract", default="helion",
-                   help="contract variant: helion (checks 1-22) or triton (no check 14)")
+    p.add_argument("--contract", default=None,
+                   help="contract variant: helion (checks 1-22) or triton (no check 14); "
+                        "fuzz default: helion; replay default: each file's own variant")
     p.add_argument("--family", default="kda", help="kernel family contract (default: kda)")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
     p.add_argument("--json", action="store_true",
@@ -40,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--corpus", default=None, metavar="DIR",
                    help="save the minimized failing case into DIR")
     f.add_argument("--budget", type=int, default=None,
-                   help="max B*HV*V*K elements per valid case (default: 2^20)")
+                   help="max B*HV*V*K elements per valid case (default: 2^18)")
     f.add_argument("--valid-share", type=float, default=0.5,
                    help="share of examples spent on valid layouts (default 0.5)")
     f.add_argument("--shrink-seconds", type=float, default=60.0,
@@ -75,7 +76,8 @@ def _contract(args: argparse.Namespace) -> Any:
 
     try:
         contract = get_contract(args.family)
-        contract.checks_for(args.contract)
+        if args.contract is not None:
+            contract.checks_for(args.contract)
     except ValueError as e:
         raise UsageError(str(e)) from e
     if not (args.device == "cpu" or args.device.startswith("cuda")):
@@ -87,6 +89,7 @@ def _fuzz(args: argparse.Namespace) -> int:
     from .progress import Progress
     from .runner import campaign
 
+    args.contract = args.contract or "helion"
     contract = _contract(args)
     if args.max_examples < 1:
         raise UsageError("--max-examples must be at least 1")
@@ -134,7 +137,8 @@ def _replay(args: argparse.Namespace) -> int:
 
     contract = _contract(args)
     _prepare_device(args.device)
-    targets = _targets(args, contract)
+    # No --target: each file is replayed on the project's kernels for its variant.
+    targets = _targets(args, contract) if args.target else None
     return replay_command(contract, args.contract, targets, args.paths, device=args.device,
                           as_json=args.json)
 

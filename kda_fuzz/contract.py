@@ -86,8 +86,8 @@ class Contract:
 
     ``signature`` lists the entry point's parameters in order. ``judge`` is the
     differential oracle for accepted layouts; ``valid_cases(variant, **kw)`` and
-    ``broken_cases(variant, only=name, **kw)`` are Hypothesis strategies, the latter
-    with one named breakage per ``breakage_names(variant)`` or a random mix.
+    ``broken_cases(variant, only=names, **kw)`` are Hypothesis strategies, the latter
+    with the breakages of one of ``broken_arms(variant)`` or, without ``only``, a mix.
     """
 
     name: str
@@ -98,7 +98,7 @@ class Contract:
     judge: Callable[..., Any]
     valid_cases: Callable[..., Any]
     broken_cases: Callable[..., Any]
-    breakage_names: Callable[[str], tuple[str, ...]]
+    broken_arms: Callable[[str], list[tuple[str, tuple[str, ...]]]]
     holes: tuple[Hole, ...] = ()
     exception: type[Exception] = ValueError
     doc: str = ""

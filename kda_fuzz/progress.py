@@ -6,6 +6,7 @@ import sys
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.progress import Progress as RichProgress
 from rich.table import Table
@@ -66,9 +67,9 @@ def print_summary(report: Any, file: Any = None) -> None:
         return
     for f in report.failures:
         console.print(f"[bold red]FAILURE[/] in {f.target}")
-        console.print(f"  {f.verdict.summary()}")
-        console.print(f"  layout: {f.case.describe()}")
+        console.print(f"  {escape(f.verdict.summary())}")
+        console.print(f"  layout: {escape(f.case.describe())}")
         if f.saved:
-            console.print(f"  saved: {f.saved}")
-            console.print(f"  reproduce: kda-fuzz replay --target {f.target} "
-                          f"--contract {report.variant} {f.saved}")
+            console.print(f"  saved: {escape(f.saved)}")
+            console.print(escape(f"  reproduce: kda-fuzz replay --target {f.target} "
+                                 f"--contract {report.variant} {f.saved}"))

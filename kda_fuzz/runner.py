@@ -151,13 +151,13 @@ class Arm:
 
 def plan(contract: Contract, variant: str, max_examples: int, *, device: str = "cpu",
          budget: int | None = None, valid_share: float = 0.5) -> list[Arm]:
-    """Split a campaign's examples: every named breakage gets its share, then a random mix
-    of several breakages, then valid layouts (most of the budget, run last)."""
-    names = contract.breakage_names(variant)
+    """Split a campaign's examples: every broken stratum (each breakage, each adjacent pair
+    of checks) gets its share, then a random mix of breakages, then valid layouts."""
+    strata = contract.broken_arms(variant)
     n_broken = round(max_examples * (1 - valid_share))
-    per = max(1, (n_broken * 4 // 5) // max(1, len(names))) if n_broken else 0
-    arms = [Arm(f"broken:{n}", contract.broken_cases(variant, device=device, only=n), per)
-            for n in names] if per else []
+    per = (n_broken * 4 // 5) // max(1, len(strata))  # 0: too few examples, mix only
+    arms = [Arm(f"broken:{name}", contract.broken_cases(variant, device=device, only=only), per)
+            for name, only in strata] if per else []
     used = per * len(arms)
     mix = max(0, n_broken - used)
     if mix:

@@ -15,6 +15,7 @@ import torch
 
 from kda_fuzz.contracts.kda import CHECKS
 
+
 def _validate(args: dict[str, Any], variant: str, bugs: frozenset[str]) -> tuple[int, ...]:
     """The contract's checks in order (with upstream's holes unless ``harden``)."""
     from kda_fuzz.contract import Namespace

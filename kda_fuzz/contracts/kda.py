@@ -216,7 +216,8 @@ def _fits(t: torch.Tensor, dtype: torch.dtype) -> bool:
     )
 
 
-def _compare(name: str, got: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor) -> Verdict | None:
+def _compare(name: str, got: torch.Tensor, ref: torch.Tensor,
+             bound: torch.Tensor) -> Verdict | None:
     err = (got.to(torch.float64) - ref).abs()
     bad = ~(err <= bound)  # NaN in got is bad
     if not bool(bad.any()):
@@ -311,7 +312,7 @@ CONTRACT = Contract(
     judge=judge,
     valid_cases=kda_layouts.valid_cases,
     broken_cases=kda_layouts.broken_cases,
-    breakage_names=kda_layouts.breakage_names,
+    broken_arms=kda_layouts.broken_arms,
     holes=HOLES,
     doc=__doc__ or "",
     extras={

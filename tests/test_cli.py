@@ -1,0 +1,51 @@
+"""`kda-fuzz fuzz`: exit codes, JSON summary, targets."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "kda_fuzz", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_correct_target_exits_0_with_json_summary() -> None:
+    r = _run("fuzz", "--target", "tests.mutants:correct_triton", "--contract", "triton",
+             "--max-examples", "60", "--seed", "1", "--json")
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert summary["failures"] == 0
+    assert summary["examples"] == 60
+    for key in ("valid_cases", "broken_cases", "seconds", "checks_hit", "validation_gaps",
+                "saved"):
+        assert key in summary
+    assert summary["valid_cases"] > 0 and summary["broken_cases"] > 0
+
+
+def test_buggy_target_exits_1_and_reports(tmp_path: Path) -> None:
+    r = _run("fuzz", "--target", "tests.mutants:pad_wrap", "--contract", "triton",
+             "--max-examples", "300", "--seed", "1", "--json")
+    assert r.returncode == 1, r.stderr
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert summary["failures"] == 1
+    assert summary["failure_details"][0]["kind"] == "mismatch"
+
+
+def test_usage_errors_exit_2() -> None:
+    for args in (["fuzz", "--target", "no_such_module_xyz:f"],
+                 ["fuzz", "--target", "tests.mutants:no_such_callable"],
+                 ["fuzz", "--target", "missing_colon"],
+                 ["fuzz", "--contract", "cuda-graphs"],
+                 ["fuzz", "--max-examples", "0"],
+                 ["fuzz", "--bogus-flag"]):
+        r = _run(*args)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        assert r.stderr.strip(), args

@@ -1,0 +1,156 @@
+"""The contract and differential oracles judge right and wrong implementations correctly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kda_fuzz.case import Case, TensorArg
+from kda_fuzz.contracts import get_contract
+from kda_fuzz.contracts.kda_layouts import KdaLayout, Values, breakages, build
+from kda_fuzz.oracle import expectation, run_case
+from kernels.kda_decode import reference_kda_packed_decode
+from tests import mutants
+
+KDA = get_contract("kda")
+
+
+def _with(case: Case, name: str, shape: tuple[int, ...]) -> Case:
+    """``case`` with tensor ``name`` replaced by zeros of another shape (same dtype)."""
+    n = 1
+    for d in shape:
+        n *= d
+    old = case.tensors[name]
+    arg = TensorArg(torch.zeros(n, dtype=old.dtype), shape, torch.empty(shape).stride(), 0)
+    return Case(case.contract, case.variant, {**case.tensors, name: arg}, case.scalars,
+                (f"{name}-reshaped",), dict(case.notes))
+
+
+def _layout(**kw) -> KdaLayout:
+    base = dict(B=4, H=2, HV=4, K=8, V=4, spare_slots=3, padding="some", qkv_row_pad=5,
+                slot_pad=3, guard=2, values=Values(), seed=7)
+    base.update(kw)
+    return KdaLayout(**base)
+
+
+@pytest.mark.parametrize("variant", ["helion", "triton"])
+def test_every_check_is_reached_by_its_breakage(variant: str) -> None:
+    """Each breakage aimed at check n, applied alone to a valid layout, makes n fail first."""
+    seen: dict[int, int] = {}
+
+    for brk in breakages(variant):
+        if brk.check is None:
+            continue
+
+        @settings(max_examples=5)
+        @given(KDA.broken_cases(variant, only=brk.name))
+        def probe(case: Case) -> None:
+            exp = expectation(KDA, case)
+            if not exp.ok and exp.check is not None:
+                seen[exp.check] = seen.get(exp.check, 0) + 1
+
+        probe()
+    expected = {c.number for c in KDA.checks_for(variant)}
+    assert set(seen) == expected
+
+
+def test_reference_passes_valid_and_broken_triton_cases() -> None:
+    @settings(max_examples=30)
+    @given(st.one_of(KDA.valid_cases("triton", budget=4096), KDA.broken_cases("triton")))
+    def probe(case: Case) -> None:
+        out = run_case(KDA, case, reference_kda_packed_decode)
+        assert out.status in ("pass", "gap", "skip"), out.verdict
+
+    probe()
+
+
+def test_wrong_message_and_order_are_told_apart() -> None:
+    case = _with(build(_layout(), "helion"), "a", (4, 33))
+    v = run_case(KDA, case, mutants.make({"typo_check_15"}, "helion")).verdict
+    assert v is not None and v.what == "wrong-message" and v.check == 15
+    # K = 3 breaks check 14 (helion) and, with a too-wide `a`, check 15 as well.
+    c = _with(build(_layout(K=3), "helion"), "a", (4, 13))
+    out = run_case(KDA, c, mutants.make({"swap_14_15"}, "helion"))
+    assert out.status == "fail" and out.verdict.what == "wrong-check-order"
+    assert out.verdict.check == 14 and out.verdict.extra["got_check"] == 15
+
+
+def test_zero_k_must_be_value_error_not_zero_division() -> None:
+    # HV*V = 16 value columns plus 4 more: checks 1-20 pass, check 21 would divide by 0.
+    case = _with(build(_layout(K=0), "triton"), "mixed_qkv", (4, 20))
+    exp = expectation(KDA, case)
+    assert not exp.ok and exp.message is None  # any ValueError message
+    v = run_case(KDA, case, mutants.make({"no_harden"}, "triton")).verdict
+    assert v is not None and v.what == "wrong-exception-type" and "ZeroDivisionError" in v.detail
+    assert run_case(KDA, case, reference_kda_packed_decode).status == "pass"
+
+
+def test_zero_v_accepted_is_a_failure() -> None:
+    case = build(_layout(V=0), "triton")
+    v = run_case(KDA, case, mutants.make({"no_harden"}, "triton")).verdict
+    assert v is not None and v.what == "accepted-broken-layout"
+
+
+def test_mutation_before_raising_is_caught() -> None:
+    case = _with(build(_layout(), "triton"), "b", (4, 5))
+    v = run_case(KDA, case, mutants.make({"zero_out_first"})).verdict
+    assert v is not None and v.what == "mutated-on-error"
+
+
+def test_rejecting_a_valid_row_strided_layout_is_caught() -> None:
+    case = build(_layout(qkv_row_pad=8), "triton")
+    v = run_case(KDA, case, mutants.make({"qkv_requires_contiguous"})).verdict
+    assert v is not None and v.what == "rejected-valid-layout"
+
+
+def test_missing_k_segment_that_divides_out_is_a_validation_gap() -> None:
+    # H=2, K=8: q and v only gives qk_dim = 16 -> H' = 1 divides HV: the checks pass.
+    p = _layout(H=2, HV=4, K=8, V=4)
+    good = build(p, "triton")
+    wide = good.tensors["mixed_qkv"]
+    narrow = type(wide)(torch.zeros(4 * (16 + 16)), (4, 32), (32, 1), 0)
+    case = Case("kda", "triton", {**good.tensors, "mixed_qkv": narrow}, good.scalars,
+                ("missing-k-segment",), {"semantic": True, "breakages": ["missing-k-segment"]})
+    out = run_case(KDA, case, reference_kda_packed_decode)
+    assert out.status == "gap"
+
+
+@pytest.mark.parametrize("bug,what", [
+    ("pad_wrap", "padding-row-not-zero"),
+    ("padding_rows_untouched", "padding-row-not-zero"),
+    ("new_out", "returned-objects"),
+    ("gqa_modulo", None),
+    ("k_major_state", None),
+    ("ignore_slot_stride", None),
+])
+def test_semantic_bugs_are_caught_on_one_layout(bug: str, what: str | None) -> None:
+    p = _layout(K=8, V=4, padding="first", seed=3)
+    case = build(p, "triton")
+    assert run_case(KDA, case, reference_kda_packed_decode).status == "pass"
+    out = run_case(KDA, case, mutants.make({bug}))
+    assert out.status == "fail" and out.verdict.kind == "mismatch"
+    if what:
+        assert out.verdict.what == what
+
+
+def test_untouched_slot_written_is_caught() -> None:
+    def writes_spare_slot(*args):
+        res = reference_kda_packed_decode(*args)
+        used = set(args[8].tolist())
+        spare = next(i for i in range(args[6].shape[0]) if i not in used)
+        args[6][spare].add_(1.0)
+        return res
+
+    case = build(_layout(), "triton")
+    v = run_case(KDA, case, writes_spare_slot).verdict
+    assert v is not None and v.what == "untouched-state-written"
+
+
+def test_bf16_intermediate_rounding_is_outside_tolerance() -> None:
+    p = _layout(state_dtype=torch.bfloat16, K=64, V=16, padding="none", seed=11)
+    case = build(p, "triton")
+    assert run_case(KDA, case, reference_kda_packed_decode).status == "pass"
+    v = run_case(KDA, case, mutants.make({"low_precision_math"})).verdict
+    assert v is not None and v.kind == "mismatch"
