@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -46,6 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="share of examples spent on valid layouts (default 0.5)")
     f.add_argument("--shrink-seconds", type=float, default=60.0,
                    help="time allowed for Hypothesis' shrinking after a failure")
+    f.add_argument("--timeout", type=float, default=60.0,
+                   help="seconds a target may take on one case before it counts as a hang")
+    f.add_argument("--no-isolate", action="store_true",
+                   help="run targets in this process (faster; an abort or hang ends the run)")
     r = sub.add_parser("replay", help="replay saved corpus files against a target")
     _common(r)
     r.add_argument("paths", nargs="+", metavar="PATH", help="corpus files or folders")
@@ -95,6 +100,8 @@ def _fuzz(args: argparse.Namespace) -> int:
         raise UsageError("--max-examples must be at least 1")
     if not 0 <= args.valid_share <= 1:
         raise UsageError("--valid-share must be between 0 and 1")
+    if args.timeout <= 0:
+        raise UsageError("--timeout must be positive")
     _prepare_device(args.device)
     targets = _targets(args, contract)
     minimize = _minimizer(contract)
@@ -104,6 +111,8 @@ def _fuzz(args: argparse.Namespace) -> int:
             max_examples=args.max_examples, seed=args.seed, budget=args.budget,
             valid_share=args.valid_share, shrink_seconds=args.shrink_seconds,
             on_example=progress.update, minimize=minimize,
+            isolate=not args.no_isolate, timeout=args.timeout,
+            inflight_dir=_inflight_dir(args.corpus),
         )
     if args.corpus and report.failures:
         from .corpus import save_failure
@@ -111,8 +120,21 @@ def _fuzz(args: argparse.Namespace) -> int:
         for f in report.failures:
             f.saved = str(save_failure(f, args.corpus, contract=contract, seed=args.seed))
             report.saved.append(f.saved)
+        shutil.rmtree(_inflight_dir(args.corpus), ignore_errors=True)  # saved for good now
+    inflight = _inflight_dir(args.corpus)
+    if os.path.isdir(inflight) and not os.listdir(inflight):
+        os.rmdir(inflight)
     _print_report(report, args.json)
     return EXIT_FAILURE if report.failures else EXIT_OK
+
+
+def _inflight_dir(corpus: str | None) -> str:
+    """Where the case in flight is written before each isolated call."""
+    if corpus:
+        return os.path.join(corpus, ".inflight")
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), f"kda-fuzz-inflight-{os.getpid()}")
 
 
 def _minimizer(contract: Any) -> Any:

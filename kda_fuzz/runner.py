@@ -183,12 +183,48 @@ def campaign(
     shrink_seconds: float = 60.0,
     on_example: Callable[[Report], None] | None = None,
     minimize: Callable[[Case, Target, Verdict], Case] | None = None,
+    isolate: bool = False,
+    timeout: float = 60.0,
+    inflight_dir: str | None = None,
 ) -> Report:
-    """Run one fuzz campaign; stops at the first failing case, minimized."""
+    """Run one fuzz campaign; stops at the first failing case, minimized.
+
+    With ``isolate``, each target runs in a worker process with a per-case ``timeout``;
+    the case in flight is written to ``inflight_dir`` first, so an abort, a hard fault or
+    a hang is reported as a ``crash``/``timeout`` failure and the campaign carries on.
+    """
     report = Report(contract.name, variant, [t.name for t in targets])
     contract.checks_for(variant)  # rejects unknown variants early
-    state: dict[str, Any] = {"first": None, "t_first": None, "last": None, "fps": set()}
+    state: dict[str, Any] = {"first": None, "t_first": None, "last": None, "fps": set(),
+                             "hard": {}}
     t0 = time.monotonic()
+    workers: dict[str, Any] = {}
+    if isolate:
+        from .isolate import IsolatedTarget
+
+        workers = {t.name: IsolatedTarget(contract, t.name, timeout=timeout, device=device)
+                   for t in targets}
+
+    def judge(case: Case, target: Target) -> Outcome:
+        if not isolate:
+            return run_case(contract, case, target.fn)
+        fp = fingerprint(case)
+        if (target.name, fp) in state["hard"]:  # never re-run a crash or a hang
+            return state["hard"][(target.name, fp)]
+        inflight = None
+        if inflight_dir is not None:
+            from .corpus import save_case
+
+            inflight = save_case(case, None, inflight_dir,
+                                 description=f"in flight on {target.name}")
+        outcome = workers[target.name].run(case)
+        if outcome.verdict is not None and outcome.verdict.kind in ("crash", "timeout"):
+            state["hard"][(target.name, fp)] = outcome
+            if inflight is not None:
+                outcome.verdict.extra["inflight"] = str(inflight)
+        elif inflight is not None:
+            inflight.unlink(missing_ok=True)
+        return outcome
 
     def count(outcome: Outcome, case: Case) -> None:
         report.examples += 1
@@ -204,7 +240,7 @@ def campaign(
                 return
         outcome = None
         for target in targets:
-            outcome = run_case(contract, case, target.fn)
+            outcome = judge(case, target)
             if outcome.status == "fail":
                 assert outcome.verdict is not None
                 first = state["first"]
@@ -214,6 +250,8 @@ def campaign(
                 state["last"] = (case, outcome.verdict, target)
                 if first is None:
                     state["first"], state["t_first"] = state["last"], time.monotonic()
+                    if outcome.verdict.kind in ("crash", "timeout"):
+                        state["t_first"] -= shrink_seconds  # each try may cost a timeout
                     count(outcome, case)
                 raise _Found(outcome.verdict.summary())
             if outcome.status in ("gap", "skip"):
@@ -221,6 +259,20 @@ def campaign(
         if not shrinking and outcome is not None:
             count(outcome, case)
 
+    try:
+        _run_arms(contract, variant, max_examples, device, budget, valid_share, seed, body,
+                  state, report, minimize)
+    finally:
+        for w in workers.values():
+            w.close()
+    report.seconds = time.monotonic() - t0
+    return report
+
+
+def _run_arms(contract: Contract, variant: str, max_examples: int, device: str,
+              budget: int | None, valid_share: float, seed: int | None,
+              body: Callable[[Case], None], state: dict[str, Any], report: Report,
+              minimize: Callable[[Case, Target, Verdict], Case] | None) -> None:
     for i, arm in enumerate(plan(contract, variant, max_examples, device=device, budget=budget,
                                  valid_share=valid_share)):
         test = settings(
@@ -239,10 +291,8 @@ def campaign(
         except _Found:
             case, verdict, target = state["last"]
             failure = Failure(case, verdict, target.name)
-            if minimize is not None:
+            if minimize is not None and verdict.kind not in ("crash", "timeout"):
                 failure.original = case
                 failure.case = minimize(case, target, verdict)
             report.failures.append(failure)
             break
-    report.seconds = time.monotonic() - t0
-    return report

@@ -1,0 +1,131 @@
+"""Run targets in a worker process, so an abort, a hard fault or a hang ends one case only.
+
+The worker imports the target by its ``MODULE:CALLABLE`` name and judges each case with
+``run_case`` itself; the parent sends cases through a pipe (in-memory IPC between this
+project's own processes; nothing is read back from files). A worker that dies yields a
+``crash`` verdict, one that does not answer within the timeout is killed and yields a
+``timeout`` verdict; either way a fresh worker takes the next case.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import multiprocessing as mp
+import os
+import signal
+from multiprocessing.connection import Connection
+from typing import Any
+
+from .case import Case
+from .contract import Contract
+from .oracle import Outcome, expectation
+from .verdict import Verdict
+
+
+def _worker(conn: Connection, family: str, target: str, cpu_setup: bool) -> None:
+    faulthandler.disable()  # a target's abort is reported by the parent, not dumped here
+    if cpu_setup:
+        from kernels.kda_decode import _execution
+
+        _execution.configure_cpu()
+    from .contracts import get_contract
+    from .oracle import run_case
+    from .runner import load_target
+
+    contract = get_contract(family)
+    fn = load_target(target).fn
+    conn.send("ready")
+    while True:
+        try:
+            case = conn.recv()
+        except EOFError:
+            return
+        if case is None:
+            return
+        conn.send(run_case(contract, case, fn))
+
+
+def _how(code: int | None) -> str:
+    if code is not None and code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+class IsolatedTarget:
+    """A callable-like runner of one target in a child process with a per-case timeout."""
+
+    def __init__(self, contract: Contract, target: str, *, timeout: float = 60.0,
+                 device: str = "cpu") -> None:
+        self.contract = contract
+        self.target = target
+        self.timeout = timeout
+        self.device = device
+        # fork is cheap and safe while the parent has not touched CUDA; spawn otherwise.
+        self._ctx = mp.get_context("fork" if device == "cpu" and os.name == "posix" else "spawn")
+        self._proc: Any = None
+        self._conn: Connection | None = None
+
+    def _start(self) -> None:
+        parent, child = self._ctx.Pipe()
+        self._proc = self._ctx.Process(
+            target=_worker, args=(child, self.contract.name, self.target, self.device == "cpu"),
+            daemon=True,
+        )
+        self._proc.start()
+        child.close()
+        self._conn = parent
+        if not parent.poll(max(self.timeout, 120.0)) or parent.recv() != "ready":
+            raise RuntimeError(f"worker for {self.target} did not start")
+
+    def _stop(self, kill: bool = False) -> None:
+        if self._proc is not None:
+            if kill and self._proc.is_alive():
+                self._proc.kill()
+            self._proc.join(timeout=5)
+        if self._conn is not None:
+            self._conn.close()
+        self._proc, self._conn = None, None
+
+    def run(self, case: Case) -> Outcome:
+        """Judge ``case`` in the worker; a dead or silent worker is a crash or a timeout."""
+        if self._proc is None or not self._proc.is_alive():
+            self._stop()
+            try:
+                self._start()
+            except (EOFError, OSError, RuntimeError) as e:
+                self._stop(kill=True)
+                raise RuntimeError(f"cannot start a worker for {self.target}: {e}") from e
+        assert self._conn is not None
+        timed_out = False
+        try:
+            self._conn.send(case)
+            if self._conn.poll(self.timeout):
+                return self._conn.recv()
+            timed_out = True
+        except (EOFError, BrokenPipeError, ConnectionResetError):
+            self._proc.join(timeout=10)  # it is dying: let it be reaped
+        exp = expectation(self.contract, case)
+        code = self._proc.exitcode
+        self._stop(kill=True)
+        if timed_out:
+            return Outcome("fail", exp, Verdict(
+                "timeout", "no-return", f"did not return within {self.timeout:g} s"))
+        return Outcome("fail", exp, Verdict("crash", "process-died",
+                                            f"the process running the target died ({_how(code)})"))
+
+    def close(self) -> None:
+        if self._conn is not None and self._proc is not None and self._proc.is_alive():
+            try:
+                self._conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+        self._stop(kill=True)
+
+    def __enter__(self) -> IsolatedTarget:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

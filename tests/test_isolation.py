@@ -1,0 +1,50 @@
+"""Hard faults and hangs end one case, not the campaign; the case is saved."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kda_fuzz.contracts import get_contract
+from kda_fuzz.contracts.kda_layouts import KdaLayout, build
+from kda_fuzz.isolate import IsolatedTarget
+
+ROOT = Path(__file__).resolve().parents[1]
+KDA = get_contract("kda")
+
+
+def test_worker_survives_abort_and_hang_and_recovers() -> None:
+    padded = build(KdaLayout(B=2, H=1, HV=1, K=4, V=4, padding="first", seed=1), "triton")
+    clean = build(KdaLayout(B=2, H=1, HV=1, K=4, V=4, padding="none", seed=1), "triton")
+    with IsolatedTarget(KDA, "tests.hostile_targets:aborts_on_padding", timeout=30) as iso:
+        crashed = iso.run(padded)
+        assert crashed.verdict is not None and crashed.verdict.kind == "crash"
+        assert "SIGABRT" in crashed.verdict.detail
+        assert iso.run(clean).status == "pass"  # a fresh worker took over
+    with IsolatedTarget(KDA, "tests.hostile_targets:hangs", timeout=1) as iso:
+        hung = iso.run(clean)
+        assert hung.verdict is not None and hung.verdict.kind == "timeout"
+
+
+@pytest.mark.parametrize("target,kind,extra", [
+    ("tests.hostile_targets:aborts_on_padding", "crash", []),
+    ("tests.hostile_targets:hangs", "timeout", ["--timeout", "2"]),
+])
+def test_campaign_saves_crash_and_timeout_cases(tmp_path: Path, target: str, kind: str,
+                                                extra: list[str]) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run(
+        [sys.executable, "-m", "kda_fuzz", "fuzz", "--target", target, "--contract", "triton",
+         "--max-examples", "50", "--seed", "3", "--corpus", str(tmp_path), "--json", *extra],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 1, r.stderr
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert summary["failure_details"][0]["kind"] == kind
+    saved = [Path(p) for p in summary["saved"]]
+    assert len(saved) == 1 and saved[0].name.startswith(f"{kind}-") and saved[0].exists()
+    assert not (tmp_path / ".inflight").exists()
