@@ -1,0 +1,660 @@
+"""The regression corpus: failing cases saved as self-contained, bit-exact JSON files.
+
+File format (schema 1; the full reference is ``docs/corpus-format.md``). One JSON object,
+UTF-8, standard JSON only (no ``NaN``/``Infinity`` literals)::
+
+    {
+      "schema": 1,
+      "kind": "mismatch",              # contract | mismatch | crash | timeout
+      "description": "one line saying what the file guards against",
+      "contract": {"family": "kda", "variant": "triton"},
+      "verdict": {...} | null,         # Verdict.to_json() of the recorded failure
+      "origin": {"target": ..., "seed": ..., "date": ...},      # information only
+      "versions": {"python": ..., "torch": ..., "triton": ..., "helion": ...,
+                   "kda_fuzz": ...},                            # information only
+      "case": {
+        "intent": ["valid"],
+        "notes": {"breakages": [...], "semantic": false, ...},
+        "scalars": {"scale": 0.125, "use_qk_l2norm_in_kernel": false,
+                    "lower_bound": null},
+        "tensors": {
+          "<name>": {"dtype": "float32", "device": "cpu",       # or "meta" (no bytes)
+                     "shape": [...], "stride": [...], "storage_offset": 0,
+                     "base_numel": 12, "base_bytes": "<base64, little-endian>"}
+        }
+      }
+    }
+
+Every tensor argument is stored as its whole 1-D base buffer (guard cells included,
+bit for bit: NaN payloads and signed zeros survive) plus the strided view taken of it.
+Finite floats outside tensors are JSON numbers (Python's shortest round-trip repr);
+non-finite ones are ``{"$float": "nan" | "inf" | "-inf"}`` (``scale`` and ``lower_bound``
+must be finite). The file name is ``<kind>-<h>.json`` with ``h`` the first 16 hex digits
+of the SHA-256 of the canonical JSON (sorted keys, no whitespace) of ``contract``,
+``case.scalars``, ``case.tensors`` and ``case.notes.semantic``, so saving the same call
+twice gives one file (intent and other notes are information and do not count). Files
+are written atomically (a temporary file in the same folder, then ``os.replace``; see
+:mod:`kda_fuzz.atomic`).
+Folders are walked for ``**/*.json``, skipping hidden entries (``.inflight/``, temporary
+files).
+
+Loading never imports, unpickles or evaluates anything named by the file: dtypes,
+devices, kinds and contract families are looked up in fixed tables, and every field is
+checked (types, sizes, bytes length, views inside their base) before a tensor is built.
+A bad file raises :class:`CorpusError` naming the file.
+
+Replay: the target always comes from the command line (or the project's kernels),
+never from the file. A file passes when the target now does what the contract
+prescribes (``run_case`` status ``pass``, or ``gap``/``skip``). The contract variant is
+the file's own unless ``--contract`` is given explicitly: the variant on the command
+line describes the targets being replayed (e.g. the torch reference implements the
+``triton`` variant), so it wins, with a note when it differs from the file's.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime
+import hashlib
+import json
+import math
+import os
+import platform
+import re
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .atomic import write_atomic
+from .case import Case, TensorArg
+from .contract import Contract
+from .oracle import Outcome, run_case
+from .verdict import Verdict
+
+SCHEMA = 1
+KINDS = ("contract", "mismatch", "crash", "timeout")
+MAX_ELEMENTS = 2**28  # per base buffer and per view
+MAX_NDIM = 8
+MAX_FILE_BYTES = 1 << 31
+
+DTYPES: dict[str, torch.dtype] = {
+    "float64": torch.float64,
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "int16": torch.int16,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "bool": torch.bool,
+}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+DEVICES = ("cpu", "meta")
+_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+# Scalar arguments per contract family: "float" (finite), "float?" (null or finite), "bool".
+SCALAR_TYPES: dict[str, dict[str, str]] = {
+    "kda": {"scale": "float", "use_qk_l2norm_in_kernel": "bool", "lower_bound": "float?"},
+}
+
+
+class CorpusError(Exception):
+    """A corpus file that cannot be used, and why."""
+
+    def __init__(self, path: str | os.PathLike[str], reason: str) -> None:
+        self.path = Path(path)
+        self.reason = reason
+        super().__init__(f"bad corpus file {self.path}: {reason}")
+
+
+# ------------------------------------------------------------------ encoding
+
+
+def _enc_float(x: float) -> float | dict[str, str]:
+    if math.isnan(x):
+        return {"$float": "nan"}
+    if math.isinf(x):
+        return {"$float": "inf" if x > 0 else "-inf"}
+    return x
+
+
+def _jsonable(x: Any) -> Any:
+    """Plain JSON values; non-finite floats tagged, tuples as lists, anything else repr'd."""
+    if x is None or isinstance(x, bool | int | str):
+        return x
+    if isinstance(x, float):
+        return _enc_float(x)
+    if isinstance(x, Mapping):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_jsonable(v) for v in x]
+    return repr(x)
+
+
+def _unjson(x: Any) -> Any:
+    """Inverse of :func:`_jsonable` for the tagged floats."""
+    if isinstance(x, dict):
+        if set(x) == {"$float"} and x["$float"] in ("nan", "inf", "-inf"):
+            return float(x["$float"])
+        return {k: _unjson(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_unjson(v) for v in x]
+    return x
+
+
+def _le_bytes(t: torch.Tensor) -> bytes:
+    flat = t.detach().cpu().contiguous().reshape(-1)
+    if flat.numel() == 0:
+        return b""
+    words = flat.view(_INT_OF_SIZE[flat.element_size()]).numpy()
+    if sys.byteorder != "little":
+        words = words.byteswap()
+    return words.tobytes()
+
+
+def _from_le_bytes(data: bytes, dtype: torch.dtype, numel: int) -> torch.Tensor:
+    if numel == 0:
+        return torch.empty(0, dtype=dtype)
+    itype = _INT_OF_SIZE[torch.empty(0, dtype=dtype).element_size()]
+    words = torch.frombuffer(bytearray(data), dtype=itype)
+    if sys.byteorder != "little":
+        words = torch.from_numpy(words.numpy().byteswap().copy())
+    return words.view(dtype).clone()
+
+
+def _encode_tensor(arg: TensorArg) -> dict[str, Any]:
+    dtype = DTYPE_NAMES.get(arg.dtype)
+    if dtype is None:
+        raise ValueError(f"dtype {arg.dtype} cannot be stored in a corpus file")
+    meta = arg.device.type == "meta"
+    return {
+        "dtype": dtype,
+        "device": "meta" if meta else "cpu",
+        "shape": list(arg.shape),
+        "stride": list(arg.stride),
+        "storage_offset": arg.offset,
+        "base_numel": arg.base.numel(),
+        "base_bytes": None if meta else base64.b64encode(_le_bytes(arg.base)).decode("ascii"),
+    }
+
+
+def _encode_case(case: Case) -> dict[str, Any]:
+    for name in ("scale", "lower_bound"):
+        v = case.scalars.get(name)
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ValueError(f"cannot save a case whose {name} is {v!r} (must be finite)")
+    return {
+        "intent": list(case.intent),
+        "notes": _jsonable(dict(sorted(case.notes.items()))),
+        "scalars": {k: _jsonable(v) for k, v in sorted(case.scalars.items())},
+        "tensors": {n: _encode_tensor(t) for n, t in sorted(case.tensors.items())},
+    }
+
+
+def _canonical(contract: dict[str, Any], case: dict[str, Any]) -> str:
+    """What names a file: the call's arguments and whether it is a semantic breakage.
+
+    Intent and the other notes are information (generator layouts, minimization steps)
+    and do not count, so the same call found twice is one file.
+    """
+    content = {
+        "contract": contract,
+        "scalars": case["scalars"],
+        "tensors": case["tensors"],
+        "semantic": bool(case["notes"].get("semantic", False)),
+    }
+    return json.dumps(content, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def case_digest(case: Case) -> str:
+    """The 16 hex digits that name a case's file (see :func:`_canonical`)."""
+    return _digest({"family": case.contract, "variant": case.variant}, _encode_case(case))
+
+
+def _digest(contract: dict[str, Any], case: dict[str, Any]) -> str:
+    return hashlib.sha256(_canonical(contract, case).encode()).hexdigest()[:16]
+
+
+def _versions() -> dict[str, str | None]:
+    from importlib import metadata
+
+    from . import __version__
+
+    def dist(name: str) -> str | None:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": dist("triton"),
+        "helion": dist("helion"),
+        "kda_fuzz": __version__,
+    }
+
+
+def _kind_of(case: Case, verdict: Verdict | None) -> str:
+    if verdict is not None:
+        return verdict.kind
+    from .contracts import get_contract
+    from .oracle import expectation
+
+    return "mismatch" if expectation(get_contract(case.contract), case).ok else "contract"
+
+
+_SCALAR_LIST = re.compile(r"\[\n\s*([^\[\]{}\"]*?)\n\s*\]")
+
+
+def _dumps(doc: dict[str, Any]) -> str:
+    """Indented JSON with lists of numbers kept on one line."""
+    text = json.dumps(doc, indent=1, allow_nan=False)
+    return _SCALAR_LIST.sub(lambda m: "[" + ", ".join(x.strip() for x in m.group(1).split(","))
+                            + "]", text) + "\n"
+
+
+def encode_entry(case: Case, verdict: Verdict | None, *,
+                 origin: Mapping[str, Any] | None = None, description: str = ""
+                 ) -> tuple[str, str]:
+    """The file name and JSON text of a corpus entry (see :func:`save_case`)."""
+    if any(t.device.type not in DEVICES for t in case.tensors.values()):
+        case = case.on("cpu")
+    kind = _kind_of(case, verdict)
+    contract = {"family": case.contract, "variant": case.variant}
+    body = _encode_case(case)
+    desc = " ".join(description.split()) or (verdict.summary() if verdict else kind)
+    doc = {
+        "schema": SCHEMA,
+        "kind": kind,
+        "description": desc[:300],
+        "contract": contract,
+        "verdict": _jsonable(verdict.to_json()) if verdict is not None else None,
+        "origin": _jsonable(dict(origin or {})),
+        "versions": _versions(),
+        "case": body,
+    }
+    return f"{kind}-{_digest(contract, body)}.json", _dumps(doc)
+
+
+def save_case(case: Case, verdict: Verdict | None, directory: str | os.PathLike[str], *,
+              origin: Mapping[str, Any] | None = None, description: str = "") -> Path:
+    """Write ``case`` (and the failure it shows) into ``directory``; return the file's path.
+
+    ``verdict`` ``None`` (a hand-made regression) files the case by what the contract
+    expects: ``contract`` when it must be rejected, else ``mismatch``. The same case saved
+    twice, by any number of processes at once, ends up as one complete file.
+    """
+    name, text = encode_entry(case, verdict, origin=origin, description=description)
+    return write_atomic(Path(directory) / name, text)
+
+
+def save_failure(failure: Any, directory: str | os.PathLike[str], *, contract: Contract,
+                 seed: int | None) -> Path:
+    """Save a campaign's ``runner.Failure`` (its minimized case) with its origin."""
+    case, verdict = failure.case, failure.verdict
+    if case.contract != contract.name:
+        raise ValueError(f"failure is for contract {case.contract!r}, not {contract.name!r}")
+    date = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
+    layout = ", ".join(f"{k}={v}" for k, v in _sizes_of(case).items())
+    description = f"{verdict.kind}/{verdict.what} on {failure.target}" + (
+        f" ({layout})" if layout else "")
+    return save_case(case, verdict, directory, description=description,
+                     origin={"target": failure.target, "seed": seed, "date": date,
+                             "tool": "kda-fuzz fuzz"})
+
+
+def _sizes_of(case: Case) -> dict[str, int]:
+    out: dict[str, int] = {}
+    qkv = case.tensors.get("mixed_qkv")
+    st = case.tensors.get("initial_state")
+    if qkv is not None and qkv.shape:
+        out["B"] = qkv.shape[0]
+    if st is not None and len(st.shape) == 4:
+        out.update(zip(("slots", "HV", "V", "K"), st.shape))
+    return out
+
+
+# ------------------------------------------------------------------ decoding
+
+
+def _field(obj: Any, key: str, types: type | tuple[type, ...], where: str) -> Any:
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where} must be an object")
+    if key not in obj:
+        raise ValueError(f"missing field {where}.{key}")
+    value = obj[key]
+    allowed = types if isinstance(types, tuple) else (types,)
+    if (isinstance(value, bool) and bool not in allowed) or not isinstance(value, allowed):
+        raise ValueError(f"field {where}.{key} has the wrong type ({type(value).__name__})")
+    return value
+
+
+def _int_list(obj: dict, key: str, where: str) -> tuple[int, ...]:
+    value = _field(obj, key, list, where)
+    if len(value) > MAX_NDIM:
+        raise ValueError(f"{where}.{key} has {len(value)} dims (at most {MAX_NDIM})")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise ValueError(f"{where}.{key} must be a list of integers")
+    return tuple(value)
+
+
+def _decode_tensor(name: str, obj: Any) -> TensorArg:
+    where = f"case.tensors.{name}"
+    dtype_name = _field(obj, "dtype", str, where)
+    dtype = DTYPES.get(dtype_name)
+    if dtype is None:
+        raise ValueError(f"{where}: unknown dtype {dtype_name!r} (known: {', '.join(DTYPES)})")
+    device = _field(obj, "device", str, where)
+    if device not in DEVICES:
+        raise ValueError(f"{where}: unknown device {device!r} (cpu or meta)")
+    shape = _int_list(obj, "shape", where)
+    stride = _int_list(obj, "stride", where)
+    offset = _field(obj, "storage_offset", int, where)
+    numel = _field(obj, "base_numel", int, where)
+    if len(shape) != len(stride):
+        raise ValueError(f"{where}: shape {list(shape)} and stride {list(stride)} differ in rank")
+    if any(n < 0 for n in shape) or any(s < 0 for s in stride) or offset < 0 or numel < 0:
+        raise ValueError(f"{where}: negative size, stride, offset or base_numel")
+    view_numel = math.prod(shape)
+    if numel > MAX_ELEMENTS or view_numel > MAX_ELEMENTS:
+        raise ValueError(f"{where}: absurd size (base {numel}, view {view_numel} elements; "
+                         f"at most {MAX_ELEMENTS})")
+    reach = 0 if view_numel == 0 else offset + 1 + sum((n - 1) * s for n, s in zip(shape, stride))
+    if reach > numel or offset > numel:
+        raise ValueError(f"{where}: view (shape {list(shape)}, stride {list(stride)}, offset "
+                         f"{offset}) reaches element {max(reach, offset)} of a "
+                         f"{numel}-element base")
+    if device == "meta":
+        if obj.get("base_bytes") is not None:
+            raise ValueError(f"{where}: a meta tensor carries no base_bytes")
+        return TensorArg(torch.empty(numel, dtype=dtype, device="meta"), shape, stride, offset)
+    text = _field(obj, "base_bytes", str, where)
+    try:
+        data = base64.b64decode(text.encode("ascii"), validate=True)
+    except (binascii.Error, UnicodeEncodeError) as e:
+        raise ValueError(f"{where}.base_bytes is not valid base64 ({e})") from None
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    if len(data) != numel * itemsize:
+        raise ValueError(f"{where}: base_bytes holds {len(data)} bytes; base_numel {numel} of "
+                         f"{dtype_name} needs {numel * itemsize}")
+    if dtype == torch.bool and any(byte > 1 for byte in data):
+        raise ValueError(f"{where}: bool bytes must be 0 or 1")
+    return TensorArg(_from_le_bytes(data, dtype, numel), shape, stride, offset)
+
+
+def _decode_scalar(family: str, name: str, value: Any) -> Any:
+    kind = SCALAR_TYPES.get(family, {}).get(name)
+    value = _unjson(value)
+    if kind is None:
+        return value
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise ValueError(f"scalar {name} must be true or false")
+        return value
+    if value is None and kind == "float?":
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"scalar {name} must be a number")
+    if not math.isfinite(value):
+        raise ValueError(f"scalar {name} is {value!r}; it must be finite")
+    return float(value)
+
+
+def _decode(path: Path, doc: Any) -> tuple[Case, Verdict | None, dict[str, Any]]:
+    from .contracts import CONTRACTS
+
+    if not isinstance(doc, dict):
+        raise ValueError("the file is not a JSON object")
+    schema = _field(doc, "schema", int, "file")
+    if schema != SCHEMA:
+        raise ValueError(f"schema version {schema} is not supported (this kda-fuzz reads "
+                         f"schema {SCHEMA})")
+    kind = _field(doc, "kind", str, "file")
+    if kind not in KINDS:
+        raise ValueError(f"unknown kind {kind!r} (known: {', '.join(KINDS)})")
+    description = _field(doc, "description", str, "file")
+    meta_contract = _field(doc, "contract", dict, "file")
+    family = _field(meta_contract, "family", str, "contract")
+    variant = _field(meta_contract, "variant", str, "contract")
+    contract = CONTRACTS.get(family)
+    if contract is None:
+        raise ValueError(f"unknown contract family {family!r} (known: {', '.join(CONTRACTS)})")
+    if variant not in contract.variants:
+        raise ValueError(f"unknown variant {variant!r} of contract {family!r} "
+                         f"(known: {', '.join(contract.variants)})")
+    body = _field(doc, "case", dict, "file")
+    intent = _field(body, "intent", list, "case")
+    if not all(isinstance(i, str) for i in intent):
+        raise ValueError("case.intent must be a list of strings")
+    notes = _unjson(_field(body, "notes", dict, "case"))
+    if "semantic" in notes and not isinstance(notes["semantic"], bool):
+        raise ValueError("case.notes.semantic must be true or false")
+    brk = notes.get("breakages", [])
+    if not (isinstance(brk, list) and all(isinstance(b, str) for b in brk)):
+        raise ValueError("case.notes.breakages must be a list of strings")
+    tensors_obj = _field(body, "tensors", dict, "case")
+    scalars_obj = _field(body, "scalars", dict, "case")
+    missing = [n for n in contract.signature if n not in tensors_obj and n not in scalars_obj]
+    if missing:
+        raise ValueError(f"missing argument(s) {', '.join(missing)} in case")
+    extra = [n for n in (*tensors_obj, *scalars_obj) if n not in contract.signature]
+    if extra:
+        raise ValueError(f"unknown argument(s) {', '.join(extra)} for contract {family!r}")
+    both = [n for n in tensors_obj if n in scalars_obj]
+    if both:
+        raise ValueError(f"argument(s) {', '.join(both)} given as tensor and as scalar")
+    scalar_kinds = SCALAR_TYPES.get(family, {})
+    misplaced = [n for n in tensors_obj if n in scalar_kinds]
+    if misplaced:
+        raise ValueError(f"{', '.join(misplaced)} must be scalars, not tensors")
+    tensors = {n: _decode_tensor(n, tensors_obj[n]) for n in contract.signature
+               if n in tensors_obj}
+    scalars = {n: _decode_scalar(family, n, scalars_obj[n]) for n in contract.signature
+               if n in scalars_obj}
+    verdict = None
+    raw = doc.get("verdict")
+    if raw is not None:
+        if not isinstance(raw, dict):
+            raise ValueError("verdict must be an object or null")
+        try:
+            verdict = Verdict.from_json(_unjson(raw))
+        except TypeError as e:
+            raise ValueError(f"verdict has missing or unknown fields ({e})") from None
+        if not (isinstance(verdict.what, str) and isinstance(verdict.detail, str)):
+            raise ValueError("verdict.what and verdict.detail must be strings")
+        if verdict.kind != kind:
+            raise ValueError(f"verdict kind {verdict.kind!r} does not match the file's kind "
+                             f"{kind!r}")
+    case = Case(family, variant, tensors, scalars, tuple(intent), notes)
+    meta = {
+        "path": str(path),
+        "schema": schema,
+        "kind": kind,
+        "description": description,
+        "origin": doc.get("origin") if isinstance(doc.get("origin"), dict) else {},
+        "versions": doc.get("versions") if isinstance(doc.get("versions"), dict) else {},
+    }
+    return case, verdict, meta
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"non-standard JSON constant {name}")
+
+
+def load_case(path: str | os.PathLike[str]) -> tuple[Case, Verdict | None, dict[str, Any]]:
+    """Read a corpus file: the case, its recorded verdict (or None) and the other fields.
+
+    Raises :class:`CorpusError` (naming the file) for anything that is not a well-formed
+    schema-1 file: truncated or invalid JSON, wrong schema, unknown kind/dtype/device,
+    wrong byte counts, views reaching beyond their base, absurd sizes, missing fields.
+    """
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise CorpusError(p, f"file is {size} bytes (at most {MAX_FILE_BYTES})")
+        text = p.read_text(encoding="utf-8")
+    except CorpusError:
+        raise
+    except (OSError, UnicodeDecodeError) as e:
+        raise CorpusError(p, f"cannot read: {e}") from None
+    try:
+        doc = json.loads(text, parse_constant=_no_constants)
+    except (json.JSONDecodeError, ValueError, RecursionError) as e:
+        raise CorpusError(p, f"invalid JSON (truncated or corrupt?): {e}") from None
+    try:
+        return _decode(p, doc)
+    except CorpusError:
+        raise
+    except (ValueError, TypeError, KeyError, OverflowError, RuntimeError) as e:
+        raise CorpusError(p, str(e)) from None
+
+
+# ------------------------------------------------------------------ replay
+
+
+def replay_case(contract: Contract, case: Case, targets: Sequence[Any]
+                ) -> list[tuple[str, Outcome]]:
+    """Run ``case`` on every target (``runner.Target``); one (name, outcome) per target."""
+    return [(t.name, run_case(contract, case, t.fn)) for t in targets]
+
+
+def passed(outcome: Outcome) -> bool:
+    """A corpus entry passes when the target does what the contract prescribes."""
+    return outcome.status in ("pass", "gap", "skip")
+
+
+def corpus_files(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
+    """The files named, and every ``**/*.json`` under the folders named (sorted, unique).
+
+    Below a folder, hidden entries (a name starting with ``.``: temporary files, the
+    fuzzer's ``.inflight`` folder) are skipped, as pytest skips them. Raises
+    ``FileNotFoundError`` for a path that does not exist.
+    """
+    found: list[Path] = []
+    for raw in paths:
+        p = Path(raw)
+        if p.is_dir():
+            found.extend(sorted(
+                q for q in p.rglob("*.json")
+                if q.is_file() and not any(part.startswith(".") for part in q.relative_to(p).parts)
+            ))
+        elif p.exists():
+            found.append(p)
+        else:
+            raise FileNotFoundError(f"no such file or folder: {p}")
+    return list(dict.fromkeys(found))
+
+
+def _short(text: str, n: int = 240) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def replay_file(path: Path, contract: Contract, variant: str | None,
+                targets: Sequence[Any] | None, *, device: str = "cpu",
+                note: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Replay one file; a JSON-able record with ``status`` PASS, FAIL or ERROR."""
+    from .runner import TargetError, default_targets
+
+    rec: dict[str, Any] = {"path": str(path), "status": "ERROR", "results": []}
+    try:
+        case, verdict, meta = load_case(path)
+    except CorpusError as e:
+        rec["error"] = e.reason
+        return rec
+    rec.update(kind=meta["kind"], description=meta["description"], file_variant=case.variant)
+    if case.contract != contract.name:
+        rec["error"] = (f"file is for contract family {case.contract!r}, replaying "
+                        f"{contract.name!r}")
+        return rec
+    use = variant or case.variant
+    if use != case.variant and note is not None:
+        note(f"note: {path} was recorded for the {case.variant} variant; judging it under "
+             f"{use} (--contract)")
+    rec["variant"] = use
+    case = Case(case.contract, use, case.tensors, case.scalars, case.intent, case.notes)
+    try:
+        chosen = list(targets) if targets is not None else default_targets(contract, use)
+    except TargetError as e:
+        rec["error"] = f"cannot load the default targets: {e}"
+        return rec
+    if device != "cpu":
+        case = case.on(device)
+    try:
+        results = replay_case(contract, case, chosen)
+    except Exception as e:  # the oracle itself failed on this file
+        rec["error"] = f"oracle error: {type(e).__name__}: {e}"
+        return rec
+    fails = []
+    for name, outcome in results:
+        r: dict[str, Any] = {"target": name, "status": outcome.status}
+        if outcome.verdict is not None:
+            r["verdict"] = _jsonable(outcome.verdict.to_json())
+            r["same_as_recorded"] = bool(verdict is not None
+                                         and verdict.same_failure(outcome.verdict))
+        if outcome.note:
+            r["note"] = outcome.note
+        rec["results"].append(r)
+        if not passed(outcome):
+            assert outcome.verdict is not None
+            same = " (same failure as recorded)" if r.get("same_as_recorded") else ""
+            fails.append(f"{name}: {_short(outcome.verdict.summary())}{same}")
+    rec["status"] = "FAIL" if fails else "PASS"
+    if fails:
+        rec["reason"] = "; ".join(fails)
+    return rec
+
+
+def replay_command(contract: Contract, variant: str | None, targets: Sequence[Any] | None,
+                   paths: Sequence[str], *, device: str = "cpu", as_json: bool = False) -> int:
+    """``kda-fuzz replay``: 0 when every file passes, 1 on any failure or bad file, 2 on
+    usage errors (a path that does not exist, no corpus file found).
+
+    ``variant`` ``None``: each file's own variant; ``targets`` ``None``: the project's
+    kernels for that variant.
+    """
+    try:
+        files = corpus_files(paths)
+    except FileNotFoundError as e:
+        print(f"kda-fuzz: error: {e}", file=sys.stderr)
+        return 2
+    if not files:
+        print(f"kda-fuzz: error: no *.json corpus file under {', '.join(map(str, paths))}",
+              file=sys.stderr)
+        return 2
+
+    def note(msg: str) -> None:
+        print(msg, file=sys.stderr)
+
+    records = []
+    for path in files:
+        rec = replay_file(path, contract, variant, targets, device=device, note=note)
+        records.append(rec)
+        if not as_json:
+            if rec["status"] == "PASS":
+                names = ", ".join(r["target"] for r in rec["results"])
+                extra = "; ".join(f"{r['target']}: {r['status']}" for r in rec["results"]
+                                  if r["status"] != "pass")
+                print(f"PASS  {path}  [{rec['variant']}; {names}]"
+                      + (f" ({extra})" if extra else ""))
+            elif rec["status"] == "FAIL":
+                print(f"FAIL  {path}  {rec['reason']}")
+            else:
+                print(f"ERROR {path}  {rec['error']}")
+    counts = {s: sum(r["status"] == s for r in records) for s in ("PASS", "FAIL", "ERROR")}
+    code = 0 if counts["PASS"] == len(records) else 1
+    if as_json:
+        print(json.dumps({"files": records, "passed": counts["PASS"], "failed": counts["FAIL"],
+                          "errors": counts["ERROR"], "device": device, "exit_code": code},
+                         sort_keys=True, allow_nan=False))
+    else:
+        print(f"replayed {len(records)} file(s): {counts['PASS']} passed, {counts['FAIL']} "
+              f"failed, {counts['ERROR']} bad")
+    return code
