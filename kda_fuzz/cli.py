@@ -42,7 +42,15 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--corpus", default=None, metavar="DIR",
                    help="save the minimized failing case into DIR")
     f.add_argument("--budget", type=int, default=None,
-                   help="max B*HV*V*K elements per valid case (default: 2^18)")
+                   help="max B*HV*V*K elements per valid case (default: 2^18 on cpu, "
+                        "2^24 on cuda)")
+    f.add_argument("--families", type=int, default=None,
+                   help="spend valid examples family by family (fixed shapes, dtypes, "
+                        "strides): fewer compiles (default: 0 on cpu, 8 on cuda)")
+    f.add_argument("--max-b", type=int, default=None,
+                   help="largest batch size (default: 256 on cpu, 4096 on cuda)")
+    f.add_argument("--no-bucket", action="store_true",
+                   help="do not round B up to powers of two with padding rows on cuda")
     f.add_argument("--valid-share", type=float, default=0.5,
                    help="share of examples spent on valid layouts (default 0.5)")
     f.add_argument("--shrink-seconds", type=float, default=60.0,
@@ -108,11 +116,12 @@ def _fuzz(args: argparse.Namespace) -> int:
     with Progress(args.max_examples, enabled=not args.json) as progress:
         report = campaign(
             contract, args.contract, targets, device=args.device,
-            max_examples=args.max_examples, seed=args.seed, budget=args.budget,
+            max_examples=args.max_examples, seed=args.seed,
             valid_share=args.valid_share, shrink_seconds=args.shrink_seconds,
             on_example=progress.update, minimize=minimize,
             isolate=not args.no_isolate, timeout=args.timeout,
             inflight_dir=_inflight_dir(args.corpus),
+            **{"budget": args.budget, **_gpu_shaping(args)},
         )
     if args.corpus and report.failures:
         from .corpus import save_failure
@@ -126,6 +135,19 @@ def _fuzz(args: argparse.Namespace) -> int:
         os.rmdir(inflight)
     _print_report(report, args.json)
     return EXIT_FAILURE if report.failures else EXIT_OK
+
+
+def _gpu_shaping(args: argparse.Namespace) -> dict[str, Any]:
+    """Compile-aware defaults on cuda (families, bucketed B up to 4096); none on cpu."""
+    cuda = args.device.startswith("cuda")
+    out: dict[str, Any] = {
+        "families": args.families if args.families is not None else (8 if cuda else 0),
+        "bucket": cuda and not args.no_bucket,
+        "max_b": args.max_b or (4096 if cuda else None),
+    }
+    if cuda and args.budget is None:
+        out["budget"] = 1 << 24
+    return out
 
 
 def _inflight_dir(corpus: str | None) -> str:

@@ -100,6 +100,7 @@ class Contract:
     broken_cases: Callable[..., Any]
     broken_arms: Callable[[str], list[tuple[str, tuple[str, ...]]]]
     holes: tuple[Hole, ...] = ()
+    families: Callable[..., list[Any]] | None = None  # compile families for valid_cases
     exception: type[Exception] = ValueError
     doc: str = ""
     extras: Mapping[str, Any] = field(default_factory=dict)

@@ -16,15 +16,17 @@ import signal
 from multiprocessing.connection import Connection
 from typing import Any
 
+import torch
+
 from .case import Case
 from .contract import Contract
 from .oracle import Outcome, expectation
 from .verdict import Verdict
 
 
-def _worker(conn: Connection, family: str, target: str, cpu_setup: bool) -> None:
+def _worker(conn: Connection, family: str, target: str, device: str) -> None:
     faulthandler.disable()  # a target's abort is reported by the parent, not dumped here
-    if cpu_setup:
+    if device == "cpu":
         from kernels.kda_decode import _execution
 
         _execution.configure_cpu()
@@ -42,7 +44,17 @@ def _worker(conn: Connection, family: str, target: str, cpu_setup: bool) -> None
             return
         if case is None:
             return
-        conn.send(run_case(contract, case, fn))
+        if device == "cpu":
+            conn.send(run_case(contract, case, fn))
+            continue
+        outcome = run_case(contract, case.on(device), fn)
+        try:
+            torch.cuda.synchronize()
+        except Exception as e:  # a sticky CUDA error: this process's context is gone
+            conn.send(Outcome("fail", outcome.expectation, Verdict(
+                "crash", "device-fault", f"the device faulted: {str(e).splitlines()[0]}")))
+            os._exit(70)
+        conn.send(outcome)
 
 
 def _how(code: int | None) -> str:
@@ -55,7 +67,10 @@ def _how(code: int | None) -> str:
 
 
 class IsolatedTarget:
-    """A callable-like runner of one target in a child process with a per-case timeout."""
+    """A callable-like runner of one target in a child process with a per-case timeout.
+
+    Cases are sent as CPU tensors; on ``cuda`` the worker moves them to its device, so the
+    parent never initialises CUDA and a faulting kernel takes down only the worker."""
 
     def __init__(self, contract: Contract, target: str, *, timeout: float = 60.0,
                  device: str = "cpu") -> None:
@@ -71,7 +86,7 @@ class IsolatedTarget:
     def _start(self) -> None:
         parent, child = self._ctx.Pipe()
         self._proc = self._ctx.Process(
-            target=_worker, args=(child, self.contract.name, self.target, self.device == "cpu"),
+            target=_worker, args=(child, self.contract.name, self.target, self.device),
             daemon=True,
         )
         self._proc.start()

@@ -93,6 +93,7 @@ class Report:
     variant: str
     targets: list[str]
     examples: int = 0
+    rows: int = 0
     valid_cases: int = 0
     broken_cases: int = 0
     skipped: int = 0
@@ -109,6 +110,7 @@ class Report:
             self.validation_gaps[label] += 1
         elif exp.ok:
             self.valid_cases += 1
+            self.rows += int(case.notes.get("rows", 1))
         else:
             self.broken_cases += 1
             self.checks_hit[exp.check if exp.check is not None else f"hole:{exp.hole}"] += 1
@@ -121,6 +123,7 @@ class Report:
             "variant": self.variant,
             "targets": self.targets,
             "examples": self.examples,
+            "valid_rows": self.rows,
             "valid_cases": self.valid_cases,
             "broken_cases": self.broken_cases,
             "skipped_unjudgeable": self.skipped,
@@ -150,9 +153,13 @@ class Arm:
 
 
 def plan(contract: Contract, variant: str, max_examples: int, *, device: str = "cpu",
-         budget: int | None = None, valid_share: float = 0.5) -> list[Arm]:
+         budget: int | None = None, valid_share: float = 0.5, families: int = 0,
+         bucket: bool = False, max_b: int | None = None, seed: int | None = None) -> list[Arm]:
     """Split a campaign's examples: every broken stratum (each breakage, each adjacent pair
-    of checks) gets its share, then a random mix of breakages, then valid layouts."""
+    of checks) gets its share, then a random mix of breakages, then valid layouts.
+
+    With ``families`` (and a contract that defines them) the valid examples are spent
+    family by family, so a shape-specialising kernel compiles a few times per family."""
     strata = contract.broken_arms(variant)
     n_broken = round(max_examples * (1 - valid_share))
     per = (n_broken * 4 // 5) // max(1, len(strata))  # 0: too few examples, mix only
@@ -163,11 +170,24 @@ def plan(contract: Contract, variant: str, max_examples: int, *, device: str = "
     if mix:
         arms.append(Arm("broken:mix", contract.broken_cases(variant, device=device), mix))
     used += mix
-    kw = {"budget": budget} if budget else {}
-    if max_examples - used > 0:
-        arms.append(Arm("valid", contract.valid_cases(variant, device=device, **kw),
-                        max_examples - used))
-    return arms
+    n_valid = max_examples - used
+    if n_valid <= 0:
+        return arms
+    kw: dict[str, Any] = {"device": device}
+    if budget:
+        kw["budget"] = budget
+    if max_b:
+        kw["max_b"] = max_b
+    if bucket:
+        kw["bucket"] = True
+    fams = (contract.families(variant, families, seed or 0, **({"budget": budget} if budget
+                                                               else {}))
+            if families and contract.families else [])
+    if not fams:
+        return [*arms, Arm("valid", contract.valid_cases(variant, **kw), n_valid)]
+    share = [n_valid // len(fams) + (i < n_valid % len(fams)) for i in range(len(fams))]
+    return [*arms, *(Arm(f"valid:family{i}", contract.valid_cases(variant, family=f, **kw), n)
+                     for i, (f, n) in enumerate(zip(fams, share)) if n)]
 
 
 def campaign(
@@ -186,12 +206,18 @@ def campaign(
     isolate: bool = False,
     timeout: float = 60.0,
     inflight_dir: str | None = None,
+    families: int = 0,
+    bucket: bool = False,
+    max_b: int | None = None,
+    max_seconds: float | None = None,
 ) -> Report:
     """Run one fuzz campaign; stops at the first failing case, minimized.
 
     With ``isolate``, each target runs in a worker process with a per-case ``timeout``;
     the case in flight is written to ``inflight_dir`` first, so an abort, a hard fault or
     a hang is reported as a ``crash``/``timeout`` failure and the campaign carries on.
+    ``families``/``bucket``/``max_b`` shape the valid layouts (see ``plan``); with
+    ``max_seconds`` the arms are run in chunks, cycling, until the time is up.
     """
     report = Report(contract.name, variant, [t.name for t in targets])
     contract.checks_for(variant)  # rejects unknown variants early
@@ -259,9 +285,13 @@ def campaign(
         if not shrinking and outcome is not None:
             count(outcome, case)
 
+    arms = plan(contract, variant, max_examples, device="cpu" if isolate else device,
+                budget=budget,
+                valid_share=valid_share, families=families, bucket=bucket, max_b=max_b,
+                seed=seed)
+    deadline = None if max_seconds is None else t0 + max_seconds
     try:
-        _run_arms(contract, variant, max_examples, device, budget, valid_share, seed, body,
-                  state, report, minimize)
+        _run_arms(arms, seed, body, state, report, minimize, deadline)
     finally:
         for w in workers.values():
             w.close()
@@ -269,30 +299,41 @@ def campaign(
     return report
 
 
-def _run_arms(contract: Contract, variant: str, max_examples: int, device: str,
-              budget: int | None, valid_share: float, seed: int | None,
-              body: Callable[[Case], None], state: dict[str, Any], report: Report,
-              minimize: Callable[[Case, Target, Verdict], Case] | None) -> None:
-    for i, arm in enumerate(plan(contract, variant, max_examples, device=device, budget=budget,
-                                 valid_share=valid_share)):
-        test = settings(
-            max_examples=arm.examples,
-            database=None,
-            deadline=None,
-            phases=(Phase.generate, Phase.shrink),
-            suppress_health_check=list(HealthCheck),
-            report_multiple_bugs=False,
-            print_blob=False,
-        )(given(arm.strategy)(body))
-        if seed is not None:
-            test = hypothesis_seed(seed * 1009 + i)(test)
-        try:
-            test()
-        except _Found:
-            case, verdict, target = state["last"]
-            failure = Failure(case, verdict, target.name)
-            if minimize is not None and verdict.kind not in ("crash", "timeout"):
-                failure.original = case
-                failure.case = minimize(case, target, verdict)
-            report.failures.append(failure)
-            break
+CHUNK = 25
+
+
+def _run_arms(arms: list[Arm], seed: int | None, body: Callable[[Case], None],
+              state: dict[str, Any], report: Report,
+              minimize: Callable[[Case, Target, Verdict], Case] | None,
+              deadline: float | None) -> None:
+    """Run each arm as its own Hypothesis test; with a deadline, in chunks until it passes."""
+    rounds = 0
+    while True:
+        for i, arm in enumerate(arms):
+            if deadline is not None and time.monotonic() > deadline:
+                return
+            n = arm.examples if deadline is None else min(arm.examples, CHUNK)
+            test = settings(
+                max_examples=n,
+                database=None,
+                deadline=None,
+                phases=(Phase.generate, Phase.shrink),
+                suppress_health_check=list(HealthCheck),
+                report_multiple_bugs=False,
+                print_blob=False,
+            )(given(arm.strategy)(body))
+            if seed is not None or rounds:
+                test = hypothesis_seed(((seed or 0) * 1009 + i) * 7919 + rounds)(test)
+            try:
+                test()
+            except _Found:
+                case, verdict, target = state["last"]
+                failure = Failure(case, verdict, target.name)
+                if minimize is not None and verdict.kind not in ("crash", "timeout"):
+                    failure.original = case
+                    failure.case = minimize(case, target, verdict)
+                report.failures.append(failure)
+                return
+        if deadline is None:
+            return
+        rounds += 1

@@ -48,3 +48,15 @@ def test_campaign_saves_crash_and_timeout_cases(tmp_path: Path, target: str, kin
     saved = [Path(p) for p in summary["saved"]]
     assert len(saved) == 1 and saved[0].name.startswith(f"{kind}-") and saved[0].exists()
     assert not (tmp_path / ".inflight").exists()
+
+
+@pytest.mark.gpu
+def test_out_of_bounds_kernel_is_a_crash_not_the_end(kda_device_name: str) -> None:
+    case = build(KdaLayout(B=2, H=1, HV=1, K=4, V=4, seed=1), "triton")
+    with IsolatedTarget(KDA, "tests.gpu_targets:writes_out_of_bounds", timeout=120,
+                        device=kda_device_name) as iso:
+        out = iso.run(case)
+        assert out.verdict is not None and out.verdict.kind == "crash", out
+    with IsolatedTarget(KDA, "kernels.kda_decode:fused_recurrent_kda_packed_decode",
+                        timeout=120, device=kda_device_name) as iso:
+        assert iso.run(case).status == "pass"

@@ -187,11 +187,14 @@ def reference64(args: dict[str, Any]) -> dict[str, torch.Tensor]:
     S0 = state[slots].to(f64).abs()
     S_dec = S0 * torch.exp(g).unsqueeze(2)
     k_abs, q_abs = k.abs(), q.abs()
-    M_r = beta.unsqueeze(-1) * (v.abs() + torch.einsum("rhvk,rhk->rhv", S_dec, k_abs))
-    # exp(g) may underflow (or flush to zero): an absolute error of one smallest normal.
+    # exp(g) and sigmoid(b) may underflow (or flush to zero) in float32: an absolute error
+    # of one smallest normal each, multiplied by what they scale.
     tiny32 = torch.finfo(torch.float32).smallest_normal
+    delta = v.abs() + torch.einsum("rhvk,rhk->rhv", S_dec, k_abs)
+    M_r = beta.unsqueeze(-1) * delta
     e_state = (S_dec * (gamma + 4 * _U32 * gsens.unsqueeze(2))
-               + gamma * M_r.unsqueeze(-1) * k_abs.unsqueeze(2) + tiny32 * (S0 + 1))
+               + (gamma * M_r + tiny32 * delta).unsqueeze(-1) * k_abs.unsqueeze(2)
+               + tiny32 * (S0 + 1))
     new_state = state64[slots]
     sc = abs(float(args["scale"]))
     o = out64[rows, 0]
@@ -314,6 +317,7 @@ CONTRACT = Contract(
     broken_cases=kda_layouts.broken_cases,
     broken_arms=kda_layouts.broken_arms,
     holes=HOLES,
+    families=kda_layouts.families,
     doc=__doc__ or "",
     extras={
         "default_targets": {

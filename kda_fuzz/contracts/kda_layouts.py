@@ -76,6 +76,7 @@ class KdaLayout:
     state_dtype: torch.dtype = torch.float32
     idx_dtype: torch.dtype = torch.int32
     padding: str = "none"  # none | some | all | first | last
+    tail_padding: int = 0  # trailing padding rows (batch-size bucketing), included in B
     pad_value: str = "-1"  # -1 | any | min
     qkv_row_pad: int = 0
     a_row_pad: int = 0
@@ -101,12 +102,13 @@ class KdaLayout:
 
 
 def _fill(gen: torch.Generator, n: int, kind: str, scale: float) -> torch.Tensor:
+    dev = gen.device
     if kind == "zeros" or n == 0:
-        return torch.zeros(n, dtype=torch.float64)
-    x = torch.randn(n, generator=gen, dtype=torch.float64)
+        return torch.zeros(n, dtype=torch.float64, device=dev)
+    x = torch.randn(n, generator=gen, dtype=torch.float64, device=dev)
     if kind == "mixed":  # magnitudes spread over 1e-6..1e2, with exact zeros
-        mag = 10.0 ** (torch.rand(n, generator=gen, dtype=torch.float64) * 8 - 6)
-        x = x * mag * (torch.rand(n, generator=gen, dtype=torch.float64) > 0.1)
+        mag = 10.0 ** (torch.rand(n, generator=gen, dtype=torch.float64, device=dev) * 8 - 6)
+        x = x * mag * (torch.rand(n, generator=gen, dtype=torch.float64, device=dev) > 0.1)
     elif kind == "tiny":
         x = x * 1e-6
     return x * scale
@@ -123,7 +125,7 @@ def strided_arg(shape: tuple[int, ...], dtype: torch.dtype, values: torch.Tensor
     if torch.device(device).type == "meta":
         return TensorArg(torch.empty(size, dtype=dtype, device="meta"), shape, stride, guard)
     sentinel = float("nan") if dtype.is_floating_point else INT_SENTINEL
-    base = torch.full((size,), sentinel, dtype=dtype)
+    base = torch.full((size,), sentinel, dtype=dtype, device=device)
     arg = TensorArg(base, tuple(shape), tuple(stride), guard)
     if values is not None and foot:
         view = arg.view()
@@ -131,45 +133,54 @@ def strided_arg(shape: tuple[int, ...], dtype: torch.dtype, values: torch.Tensor
             view.copy_(values.reshape(shape).to(dtype))
         else:  # overlapping view (a zero stride): fill the cells it reaches
             base[guard : guard + foot] = values.flatten()[:foot].to(dtype).resize_(foot)
-    return arg.on(device) if torch.device(device).type != "cpu" else arg
+    return arg
 
 
 def _row_strided(gen: torch.Generator, rows: int, width: int, pad: int, dtype: torch.dtype,
                  values: torch.Tensor, guard: int) -> TensorArg:
-    return strided_arg((rows, width), dtype, values, (width + pad, 1), guard)
+    return strided_arg((rows, width), dtype, values, (width + pad, 1), guard, gen.device)
 
 
 def _indices(p: KdaLayout, gen: torch.Generator) -> torch.Tensor:
-    B = p.B
-    pad = torch.zeros(B, dtype=torch.bool)
+    B, dev = p.B, gen.device
+    pad = torch.zeros(B, dtype=torch.bool, device=dev)
     if p.padding == "some":
-        pad = torch.rand(B, generator=gen) < 0.3
+        pad = torch.rand(B, generator=gen, device=dev) < 0.3
     elif p.padding == "all":
         pad[:] = True
     elif p.padding == "first":
         pad[0] = True
     elif p.padding == "last":
         pad[-1] = True
-    idx = torch.randperm(p.num_slots, generator=gen)[:B].to(torch.int64)
+    if p.tail_padding:
+        pad[B - p.tail_padding :] = True
+    idx = torch.randperm(p.num_slots, generator=gen, device=dev)[:B].to(torch.int64)
     if p.pad_value == "-1":
-        neg = torch.full((B,), -1, dtype=torch.int64)
+        neg = torch.full((B,), -1, dtype=torch.int64, device=dev)
     elif p.pad_value == "min":
-        neg = torch.full((B,), -(2**31), dtype=torch.int64)
+        neg = torch.full((B,), -(2**31), dtype=torch.int64, device=dev)
     else:
-        neg = -torch.randint(1, p.num_slots + 3, (B,), generator=gen)
+        neg = -torch.randint(1, p.num_slots + 3, (B,), generator=gen, device=dev)
     return torch.where(pad, neg, idx)
 
 
 def build(p: KdaLayout, variant: str, device: str = "cpu") -> Case:
-    """The concrete ``Case`` of a layout (valid when ``p``'s sizes are)."""
-    gen = torch.Generator().manual_seed(p.seed)
+    """The concrete ``Case`` of a layout (valid when ``p``'s sizes are), made on ``device``.
+
+    Values come from ``p.seed`` with the device's own generator (a CUDA case holds other
+    numbers than a CPU case of the same layout; corpus files keep the bytes)."""
+    dev = torch.device(device)
+    if dev.type == "meta":
+        return build(p, variant).on("meta")
+    gen = torch.Generator(device=dev).manual_seed(p.seed)
     vals = p.values
     B, HV, K, V, g = p.B, p.HV, p.K, p.V, p.guard
     qkv = _fill(gen, B * p.width, vals.qkv_kind, vals.qkv_scale)
     a = vals.gate_center + vals.gate_spread * torch.randn(B * HV * K, generator=gen,
-                                                          dtype=torch.float64)
+                                                          dtype=torch.float64, device=dev)
     dt = _fill(gen, HV * K, "normal", vals.dt_scale)
-    A_log = vals.A_log_lo + vals.A_log_width * torch.rand(HV, generator=gen, dtype=torch.float64)
+    A_log = vals.A_log_lo + vals.A_log_width * torch.rand(HV, generator=gen, dtype=torch.float64,
+                                                          device=dev)
     b = _fill(gen, B * HV, "normal", vals.b_scale)
     slot = HV * V * K + p.slot_pad
     state = _fill(gen, p.num_slots * HV * V * K, vals.state_kind, vals.state_scale)
@@ -177,20 +188,20 @@ def build(p: KdaLayout, variant: str, device: str = "cpu") -> Case:
         "mixed_qkv": _row_strided(gen, B, p.width, p.qkv_row_pad, p.qkv_dtype, qkv, g),
         "a": _row_strided(gen, B, HV * K, p.a_row_pad, p.ab_dtype, a, g),
         "b": _row_strided(gen, B, HV, p.b_row_pad, p.ab_dtype, b, g),
-        "A_log": strided_arg((HV,), p.param_dtype, A_log, guard=g),
-        "dt_bias": strided_arg((HV * K,), p.param_dtype, dt, guard=g),
+        "A_log": strided_arg((HV,), p.param_dtype, A_log, guard=g, device=dev),
+        "dt_bias": strided_arg((HV * K,), p.param_dtype, dt, guard=g, device=dev),
         "initial_state": strided_arg((p.num_slots, HV, V, K), p.state_dtype, state,
-                                     (slot, V * K, K, 1), g),
-        "out": strided_arg((B, 1, HV, V), p.out_dtype, None, guard=g),
-        "ssm_state_indices": strided_arg((B,), p.idx_dtype, _indices(p, gen), guard=g),
+                                     (slot, V * K, K, 1), g, dev),
+        "out": strided_arg((B, 1, HV, V), p.out_dtype, None, guard=g, device=dev),
+        "ssm_state_indices": strided_arg((B,), p.idx_dtype, _indices(p, gen), guard=g,
+                                         device=dev),
     }
     scalars = {
         "scale": float(K**-0.5 if p.scale is None and K > 0 else (p.scale or 0.0)),
         "use_qk_l2norm_in_kernel": p.use_qk_l2norm_in_kernel,
         "lower_bound": p.lower_bound,
     }
-    case = Case("kda", variant, tensors, scalars, ("valid",), {"layout": repr(p)})
-    return case if device == "cpu" else case.on(device)
+    return Case("kda", variant, tensors, scalars, ("valid",), {"layout": repr(p), "rows": B})
 
 
 # ------------------------------------------------------------------- valid layouts
@@ -223,8 +234,25 @@ def values() -> st.SearchStrategy[Values]:
 
 @st.composite
 def layouts(draw: Callable, variant: str, budget: int = DEFAULT_BUDGET,
-            max_b: int = 256, max_spare: int = 64) -> KdaLayout:
-    """Valid ``KdaLayout`` values of a contract variant, within ``budget`` state elements."""
+            max_b: int = 256, max_spare: int = 64, bucket: bool = False,
+            family: KdaLayout | None = None) -> KdaLayout:
+    """Valid ``KdaLayout`` values of a contract variant, within ``budget`` state elements.
+
+    ``bucket`` rounds B up to a power of two with trailing padding rows, so that a
+    shape-specialising kernel compiles once per bucket rather than once per batch size.
+    ``family`` fixes everything a kernel may compile for (head counts and dims, dtypes,
+    strides, flags); only B, padding, indices and values are drawn."""
+    if family is not None:
+        per_row = max(1, family.HV * family.V * family.K)
+        B = draw(st.one_of(st.sampled_from(EDGE_B), st.integers(1, max_b)))
+        B = max(1, min(B, max_b, budget // per_row))
+        tail = (1 << (B - 1).bit_length()) - B if bucket else 0
+        return replace(
+            family, B=B + tail, tail_padding=tail,
+            padding=draw(st.sampled_from(("none", "some", "first", "last", "all"))),
+            pad_value=draw(st.sampled_from(("-1", "any", "min"))),
+            values=draw(values()), seed=draw(st.integers(0, 2**32 - 1)),
+        )
     K = draw(_dim(variant, budget))
     V = draw(_dim(variant, budget // K))
     per_head = max(1, V * K)
@@ -234,10 +262,11 @@ def layouts(draw: Callable, variant: str, budget: int = DEFAULT_BUDGET,
     cap = max(1, min(max_b, budget // (HV * per_head)))
     B = min(cap, draw(st.one_of(st.sampled_from(EDGE_B), st.integers(1, max_b))))
     max_spare = max(0, min(max_spare, 2 * budget // (HV * per_head) - B))
+    tail = (1 << (B - 1).bit_length()) - B if bucket else 0
     qkv_dtype = draw(st.sampled_from(FLOATS))
     same_or = st.sampled_from((qkv_dtype, *FLOATS))
     return KdaLayout(
-        B=B, H=H, HV=HV, K=K, V=V,
+        B=B + tail, H=H, HV=HV, K=K, V=V, tail_padding=tail,
         spare_slots=draw(st.one_of(st.integers(0, min(3, max_spare)),
                                    st.integers(0, max_spare))),
         qkv_dtype=qkv_dtype,
@@ -265,9 +294,43 @@ def layouts(draw: Callable, variant: str, budget: int = DEFAULT_BUDGET,
 
 
 def valid_cases(variant: str, *, budget: int = DEFAULT_BUDGET, device: str = "cpu",
-                max_b: int = 256) -> st.SearchStrategy[Case]:
+                max_b: int = 256, bucket: bool = False, family: KdaLayout | None = None
+                ) -> st.SearchStrategy[Case]:
     """Cases that the contract variant accepts, built on ``device``."""
-    return layouts(variant, budget, max_b).map(lambda p: build(p, variant, device))
+    return layouts(variant, budget, max_b, bucket=bucket, family=family).map(
+        lambda p: build(p, variant, device))
+
+
+def families(variant: str, n: int, seed: int = 0, budget: int = DEFAULT_BUDGET
+             ) -> list[KdaLayout]:
+    """``n`` compile families (everything but B, padding and values) spread over the
+    contract's space, edges first: a campaign on a shape-specialising kernel spends its
+    examples family by family, so each compiles a few batch buckets, not every example."""
+    import random
+
+    rng = random.Random(seed)
+    dims = POW2 if variant == "helion" else EDGE_DIMS
+    out = []
+    for i in range(n):
+        K = rng.choice(dims)
+        V = rng.choice([d for d in dims if d * K <= budget] or [1])
+        max_hv = max(1, min(64, budget // (K * V)))
+        H = rng.randint(1, min(8, max_hv))
+        HV = H * rng.randint(1, max(1, min(8, max_hv // H)))
+        f32 = torch.float32
+        act = rng.choice(FLOATS) if i else torch.bfloat16
+        out.append(KdaLayout(
+            B=1, H=H, HV=HV, K=K, V=V, spare_slots=rng.choice((0, 1, 7)),
+            qkv_dtype=act, ab_dtype=act, param_dtype=f32, out_dtype=act,
+            state_dtype=rng.choice(FLOATS) if i else f32,
+            idx_dtype=rng.choice(INDEX_DTYPES),
+            qkv_row_pad=rng.choice((0, 0, 16, 3)), a_row_pad=rng.choice((0, 0, 5)),
+            b_row_pad=rng.choice((0, 2)), slot_pad=rng.choice((0, 0, 32)),
+            guard=rng.choice((0, 4)), use_qk_l2norm_in_kernel=rng.random() < 0.5,
+            lower_bound=rng.choice((None, None, -5.0)),
+            scale=rng.choice((None, None, 0.5)),
+        ))
+    return out
 
 
 # ------------------------------------------------------------------ broken layouts

@@ -84,7 +84,9 @@ def validate_packed_decode_inputs(
             f"`a` must have shape [B, HV*K] with HV={HV}, K={K} (got a.shape={tuple(a.shape)})."
         )
     if b.shape[1] != HV:
-        raise ValueError(f"`b` must have shape [B, HV] with HV={HV} (got b.shape={tuple(b.shape)}).")
+        raise ValueError(
+            f"`b` must have shape [B, HV] with HV={HV} (got b.shape={tuple(b.shape)})."
+        )
     if A_log.numel() != HV:
         raise ValueError(f"`A_log` must have {HV} elements (got {A_log.numel()}).")
     if dt_bias.numel() != HV * K:
