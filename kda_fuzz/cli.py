@@ -160,11 +160,10 @@ def _inflight_dir(corpus: str | None) -> str:
 
 
 def _minimizer(contract: Any) -> Any:
-    try:
-        from .minimize import minimize
-    except ImportError:
-        return None
-    return lambda case, target, verdict: minimize(contract, case, target.fn, verdict)
+    from .minimize import minimize_with_verdict
+
+    return lambda case, target, verdict, run: minimize_with_verdict(
+        contract, case, target.fn, verdict, run=run)
 
 
 def _print_report(report: Any, as_json: bool) -> None:

@@ -80,10 +80,34 @@ def device_name(config: pytest.Config) -> str:
     return dev
 
 
+WORKERS_PER_GPU = 4
+
+
 @pytest.fixture(scope="session")
 def kda_device_name(request: pytest.FixtureRequest) -> str:
-    """``cpu`` or ``cuda[:i]``: under xdist, worker i uses GPU i mod n."""
-    return device_name(request.config)
+    """``cpu`` or ``cuda[:i]``: under xdist, worker i uses GPU i mod n.
+
+    On a GPU each worker may use its share of the device's memory and no more, so that
+    workers sharing one GPU cannot exhaust it."""
+    dev = device_name(request.config)
+    if dev.startswith("cuda"):
+        import torch
+
+        torch.cuda.set_device(dev)
+        torch.cuda.set_per_process_memory_fraction(0.9 / WORKERS_PER_GPU)
+    return dev
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto`` on a GPU session: a few workers per GPU (compiles and memory are
+    shared per device), not one per CPU core."""
+    if not kda_device(config).startswith("cuda"):
+        return None
+    import torch
+
+    cpus = os.cpu_count() or 1
+    return max(1, min(cpus, WORKERS_PER_GPU * max(1, torch.cuda.device_count())))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -94,6 +94,7 @@ class Report:
     targets: list[str]
     examples: int = 0
     rows: int = 0
+    tail_rows: int = 0
     valid_cases: int = 0
     broken_cases: int = 0
     skipped: int = 0
@@ -111,6 +112,7 @@ class Report:
         elif exp.ok:
             self.valid_cases += 1
             self.rows += int(case.notes.get("rows", 1))
+            self.tail_rows += int(case.notes.get("tail_rows", 0))
         else:
             self.broken_cases += 1
             self.checks_hit[exp.check if exp.check is not None else f"hole:{exp.hole}"] += 1
@@ -124,6 +126,7 @@ class Report:
             "targets": self.targets,
             "examples": self.examples,
             "valid_rows": self.rows,
+            "bucket_padding_rows": self.tail_rows,
             "valid_cases": self.valid_cases,
             "broken_cases": self.broken_cases,
             "skipped_unjudgeable": self.skipped,
@@ -137,6 +140,10 @@ class Report:
             "validation_gaps": dict(self.validation_gaps),
             "saved": self.saved,
         }
+
+
+# (case, target, verdict, run) -> (smaller case, its verdict); ``run`` judges a candidate.
+Minimizer = Callable[[Case, Target, Verdict, Callable[[Case], Outcome]], tuple[Case, Verdict]]
 
 
 class _Found(Exception):
@@ -202,7 +209,7 @@ def campaign(
     valid_share: float = 0.5,
     shrink_seconds: float = 60.0,
     on_example: Callable[[Report], None] | None = None,
-    minimize: Callable[[Case, Target, Verdict], Case] | None = None,
+    minimize: Minimizer | None = None,
     isolate: bool = False,
     timeout: float = 60.0,
     inflight_dir: str | None = None,
@@ -291,7 +298,7 @@ def campaign(
                 seed=seed)
     deadline = None if max_seconds is None else t0 + max_seconds
     try:
-        _run_arms(arms, seed, body, state, report, minimize, deadline)
+        _run_arms(arms, seed, body, state, report, minimize, deadline, judge)
     finally:
         for w in workers.values():
             w.close()
@@ -304,8 +311,8 @@ CHUNK = 25
 
 def _run_arms(arms: list[Arm], seed: int | None, body: Callable[[Case], None],
               state: dict[str, Any], report: Report,
-              minimize: Callable[[Case, Target, Verdict], Case] | None,
-              deadline: float | None) -> None:
+              minimize: Minimizer | None, deadline: float | None,
+              judge: Callable[[Case, Target], Outcome]) -> None:
     """Run each arm as its own Hypothesis test; with a deadline, in chunks until it passes."""
     rounds = 0
     while True:
@@ -331,7 +338,8 @@ def _run_arms(arms: list[Arm], seed: int | None, body: Callable[[Case], None],
                 failure = Failure(case, verdict, target.name)
                 if minimize is not None and verdict.kind not in ("crash", "timeout"):
                     failure.original = case
-                    failure.case = minimize(case, target, verdict)
+                    failure.case, failure.verdict = minimize(
+                        case, target, verdict, lambda c, t=target: judge(c, t))
                 report.failures.append(failure)
                 return
         if deadline is None:

@@ -201,10 +201,19 @@ def build(p: KdaLayout, variant: str, device: str = "cpu") -> Case:
         "use_qk_l2norm_in_kernel": p.use_qk_l2norm_in_kernel,
         "lower_bound": p.lower_bound,
     }
-    return Case("kda", variant, tensors, scalars, ("valid",), {"layout": repr(p), "rows": B})
+    return Case("kda", variant, tensors, scalars, ("valid",), {"layout": repr(p), "rows": B,
+                                                          "tail_rows": p.tail_padding})
 
 
 # ------------------------------------------------------------------- valid layouts
+
+
+def bucket_size(B: int) -> int:
+    """The batch bucket of ``B``: the next power of four (1, 4, 16, ..., 4096)."""
+    size = 1
+    while size < B:
+        size *= 4
+    return size
 
 
 def _dim(variant: str, hi: int = 256) -> st.SearchStrategy[int]:
@@ -238,7 +247,7 @@ def layouts(draw: Callable, variant: str, budget: int = DEFAULT_BUDGET,
             family: KdaLayout | None = None) -> KdaLayout:
     """Valid ``KdaLayout`` values of a contract variant, within ``budget`` state elements.
 
-    ``bucket`` rounds B up to a power of two with trailing padding rows, so that a
+    ``bucket`` rounds B up to a power of four with trailing padding rows, so that a
     shape-specialising kernel compiles once per bucket rather than once per batch size.
     ``family`` fixes everything a kernel may compile for (head counts and dims, dtypes,
     strides, flags); only B, padding, indices and values are drawn."""
@@ -246,7 +255,7 @@ def layouts(draw: Callable, variant: str, budget: int = DEFAULT_BUDGET,
         per_row = max(1, family.HV * family.V * family.K)
         B = draw(st.one_of(st.sampled_from(EDGE_B), st.integers(1, max_b)))
         B = max(1, min(B, max_b, budget // per_row))
-        tail = (1 << (B - 1).bit_length()) - B if bucket else 0
+        tail = bucket_size(B) - B if bucket else 0
         return replace(
             family, B=B + tail, tail_padding=tail,
             padding=draw(st.sampled_from(("none", "some", "first", "last", "all"))),
@@ -262,7 +271,7 @@ def layouts(draw: Callable, variant: str, budget: int = DEFAULT_BUDGET,
     cap = max(1, min(max_b, budget // (HV * per_head)))
     B = min(cap, draw(st.one_of(st.sampled_from(EDGE_B), st.integers(1, max_b))))
     max_spare = max(0, min(max_spare, 2 * budget // (HV * per_head) - B))
-    tail = (1 << (B - 1).bit_length()) - B if bucket else 0
+    tail = bucket_size(B) - B if bucket else 0
     qkv_dtype = draw(st.sampled_from(FLOATS))
     same_or = st.sampled_from((qkv_dtype, *FLOATS))
     return KdaLayout(

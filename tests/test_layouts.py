@@ -1,0 +1,86 @@
+"""Layout strategies: valid layouts are valid, edges are reached, GPU shaping holds."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+
+from kda_fuzz.contracts import get_contract
+from kda_fuzz.contracts.kda_layouts import (
+    KdaLayout,
+    broken_arms,
+    bucket_size,
+    build,
+    families,
+    layouts,
+)
+from kda_fuzz.oracle import expectation
+
+KDA = get_contract("kda")
+
+
+@pytest.mark.parametrize("variant", ["helion", "triton"])
+def test_valid_layouts_are_accepted_by_the_contract(variant: str) -> None:
+    @settings(max_examples=40)
+    @given(layouts(variant, budget=1 << 12))
+    def probe(p: KdaLayout) -> None:
+        case = build(p, variant)
+        assert expectation(KDA, case).ok, case.describe()
+        idx = case.tensors["ssm_state_indices"].view().to(torch.long)
+        live = idx[idx >= 0]
+        assert live.unique().numel() == live.numel()  # distinct slots: no races
+        assert bool((live < p.num_slots).all())
+        if variant == "helion":
+            assert p.K & (p.K - 1) == 0 and p.V & (p.V - 1) == 0
+
+    probe()
+
+
+def test_guard_cells_are_nan_and_views_respect_strides() -> None:
+    p = KdaLayout(B=3, H=1, HV=2, K=4, V=4, qkv_row_pad=5, slot_pad=3, guard=2, seed=1)
+    case = build(p, "triton")
+    qkv = case.tensors["mixed_qkv"]
+    assert qkv.stride == (2 * 4 + 8 + 5, 1) and qkv.offset == 2
+    assert torch.isnan(qkv.base[:2]).all() and torch.isnan(qkv.base[-2:]).all()
+    state = case.tensors["initial_state"]
+    assert state.stride[0] == 2 * 4 * 4 + 3
+    assert torch.isnan(case.tensors["out"].view()).all()  # out is pre-filled with NaN
+
+
+def test_bucketed_batches_are_powers_of_four_with_trailing_padding() -> None:
+    assert [bucket_size(b) for b in (1, 2, 5, 16, 17, 4096)] == [1, 4, 16, 16, 64, 4096]
+
+    @settings(max_examples=30)
+    @given(layouts("helion", budget=1 << 20, max_b=4096, bucket=True))
+    def probe(p: KdaLayout) -> None:
+        assert p.B == bucket_size(p.B) and 0 <= p.tail_padding < p.B
+        idx = build(p, "helion").tensors["ssm_state_indices"].view()
+        if p.tail_padding:
+            assert bool((idx[p.B - p.tail_padding:] < 0).all())
+
+    probe()
+
+
+def test_families_fix_what_kernels_compile_for() -> None:
+    fams = families("helion", 5, seed=3, budget=1 << 16)
+    assert len(fams) == 5
+
+    @settings(max_examples=10)
+    @given(layouts("helion", budget=1 << 16, max_b=64, bucket=True, family=fams[2]))
+    def probe(p: KdaLayout) -> None:
+        f = fams[2]
+        for field in ("H", "HV", "K", "V", "qkv_dtype", "state_dtype", "qkv_row_pad",
+                      "slot_pad", "use_qk_l2norm_in_kernel", "lower_bound"):
+            assert getattr(p, field) == getattr(f, field)
+        assert math.log(p.B, 4).is_integer()
+
+    probe()
+
+
+def test_pairs_of_consecutive_checks_have_their_own_strata() -> None:
+    arms = dict(broken_arms("helion"))
+    pairs = [only for only in arms.values() if len(only) == 2]
+    assert len(pairs) >= 15
