@@ -58,7 +58,7 @@ def run(mode: str, target: str, variant: str, seconds: float, seed: int) -> dict
     meter = CompileMeter(load_target(target).fn)
     kw: dict[str, Any] = (
         {"families": 0, "bucket": False, "max_b": 256, "budget": 1 << 20} if mode == "naive"
-        else {"families": 6, "bucket": True, "max_b": 4096, "budget": 1 << 24})
+        else {"families": 3, "bucket": True, "max_b": 4096, "budget": 1 << 24})
     t0 = time.perf_counter()
     rep = campaign(contract, variant, [Target(target, meter)], device="cuda",
                    max_examples=10**7, seed=seed, valid_share=1.0, max_seconds=seconds, **kw)

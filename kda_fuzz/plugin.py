@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, settings
 PROFILES = {
     "ci": {"max_examples": 25},
     "nightly": {"max_examples": 2000},
-    "gpu": {"max_examples": 200},
+    "gpu": {"max_examples": 100},
 }
 for _name, _kw in PROFILES.items():
     settings.register_profile(
