@@ -75,3 +75,20 @@ def test_kernel_broken_layouts_gpu(variant: str, name: str, fn, kda_device_name:
         _check(case, fn, kda_device_name)
 
     fuzz()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant,name,fn", TARGETS, ids=[f"{v}-{n}" for v, n, _ in TARGETS])
+def test_kernel_large_batch_and_head_dims_gpu(variant: str, name: str, fn,
+                                              kda_device_name: str) -> None:
+    """B = 4096 with K = V = 256: the pool is sized to need and the oracle fits in memory."""
+    import torch
+
+    from kda_fuzz.contracts.kda_layouts import KdaLayout, build
+
+    p = KdaLayout(B=4096, H=1, HV=1, K=256, V=256, spare_slots=3, padding="some",
+                  state_dtype=torch.bfloat16, qkv_dtype=torch.bfloat16, seed=5)
+    torch.cuda.reset_peak_memory_stats()
+    _check(build(p, variant, kda_device_name), fn, kda_device_name)
+    peak = torch.cuda.max_memory_allocated() / 2**30
+    print(f"{name}: B=4096 K=V=256 peak {peak:.1f} GiB")
