@@ -6,10 +6,7 @@ import torch
 
 from .helion_kernel import helion_fused_recurrent_kda_packed_decode
 from .triton_kernel import fused_recurrent_kda_packed_decode
-
-
-def _is_pow2(n: int) -> bool:
-    return n > 0 and n & (n - 1) == 0
+from .validate import _is_pow2
 
 
 def kda_packed_decode(
