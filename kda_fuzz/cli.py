@@ -57,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="time allowed for Hypothesis' shrinking after a failure")
     f.add_argument("--timeout", type=float, default=60.0,
                    help="seconds a target may take on one case before it counts as a hang")
+    f.add_argument("--peer", action="append", metavar="MODULE:CALLABLE",
+                   help="peer mode: also judge this implementation and compare the first "
+                        "target's outputs with it on every accepted layout (repeatable)")
     f.add_argument("--no-isolate", action="store_true",
                    help="run targets in this process (faster; an abort or hang ends the run)")
     r = sub.add_parser("replay", help="replay saved corpus files against a target")
@@ -80,6 +83,15 @@ def _targets(args: argparse.Namespace, contract: Any) -> list[Any]:
         if args.target:
             return [load_target(t) for t in args.target]
         return default_targets(contract, args.contract)
+    except TargetError as e:
+        raise UsageError(str(e)) from e
+
+
+def _peers(args: argparse.Namespace) -> list[Any]:
+    from .runner import TargetError, load_target
+
+    try:
+        return [load_target(p) for p in args.peer or ()]
     except TargetError as e:
         raise UsageError(str(e)) from e
 
@@ -120,7 +132,7 @@ def _fuzz(args: argparse.Namespace) -> int:
             valid_share=args.valid_share, shrink_seconds=args.shrink_seconds,
             on_example=progress.update, minimize=minimize,
             isolate=not args.no_isolate, timeout=args.timeout,
-            inflight_dir=_inflight_dir(args.corpus),
+            inflight_dir=_inflight_dir(args.corpus), peers=_peers(args),
             **{"budget": args.budget, **_gpu_shaping(args)},
         )
     if args.corpus and report.failures:

@@ -101,6 +101,7 @@ class Contract:
     broken_arms: Callable[[str], list[tuple[str, tuple[str, ...]]]]
     holes: tuple[Hole, ...] = ()
     families: Callable[..., list[Any]] | None = None  # compile families for valid_cases
+    cross_judge: Callable[..., Any] | None = None  # peer mode: two targets' outputs agree
     exception: type[Exception] = ValueError
     doc: str = ""
     extras: Mapping[str, Any] = field(default_factory=dict)

@@ -117,3 +117,27 @@ def run_case(contract: Contract, case: Case, target: Callable[..., Any]) -> Outc
     except Unjudgeable as e:
         return Outcome("skip", exp, note=str(e))
     return Outcome("fail" if v else "pass", exp, v)
+
+
+def run_peers(contract: Contract, case: Case,
+              targets: list[tuple[str, Callable[..., Any]]]) -> Outcome:
+    """Peer mode: run two targets on fresh copies of an accepted ``case`` and compare their
+    outputs with each other (each is judged against the reference by ``run_case``)."""
+    exp = expectation(contract, case)
+    if not exp.ok or case.notes.get("semantic") or contract.cross_judge is None:
+        return Outcome("pass", exp)
+    results = []
+    before: dict[str, torch.Tensor] = {}
+    for name, fn in targets:
+        kwargs, bases = case.materialize()
+        before = {n: b.clone() for n, b in bases.items()}
+        try:
+            fn(*call_args(contract, kwargs))
+        except Exception:  # judged on its own by run_case
+            return Outcome("skip", exp, note=f"{name} raised")
+        results.append((name, kwargs))
+    try:
+        v = contract.cross_judge(case, before, results)
+    except Unjudgeable as e:
+        return Outcome("skip", exp, note=str(e))
+    return Outcome("fail" if v else "pass", exp, v)

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from .case import Case
 from .contract import Contract
-from .oracle import Outcome, run_case
+from .oracle import Outcome, run_case, run_peers
 from .verdict import Verdict
 
 
@@ -217,6 +217,7 @@ def campaign(
     bucket: bool = False,
     max_b: int | None = None,
     max_seconds: float | None = None,
+    peers: list[Target] | None = None,
 ) -> Report:
     """Run one fuzz campaign; stops at the first failing case, minimized.
 
@@ -225,7 +226,11 @@ def campaign(
     a hang is reported as a ``crash``/``timeout`` failure and the campaign carries on.
     ``families``/``bucket``/``max_b`` shape the valid layouts (see ``plan``); with
     ``max_seconds`` the arms are run in chunks, cycling, until the time is up.
+    ``peers`` are judged like targets and, on accepted layouts, compared with the first
+    target (in this process).
     """
+    peers = list(peers or [])
+    targets = [*targets, *peers]
     report = Report(contract.name, variant, [t.name for t in targets])
     contract.checks_for(variant)  # rejects unknown variants early
     state: dict[str, Any] = {"first": None, "t_first": None, "last": None, "fps": set(),
@@ -289,6 +294,20 @@ def campaign(
                 raise _Found(outcome.verdict.summary())
             if outcome.status in ("gap", "skip"):
                 break
+        for peer in peers if outcome is not None and outcome.status == "pass" else ():
+            pair = run_peers(contract, case, [(targets[0].name, targets[0].fn),
+                                             (peer.name, peer.fn)])
+            if pair.status == "fail" and pair.verdict is not None:
+                first = state["first"]
+                if first is not None and not pair.verdict.same_failure(first[1]):
+                    return
+                who = Target(f"{targets[0].name} vs {peer.name}", targets[0].fn)
+                state["fps"].add(fingerprint(case))
+                state["last"] = (case, pair.verdict, who)
+                if first is None:
+                    state["first"], state["t_first"] = state["last"], time.monotonic()
+                    count(outcome, case)
+                raise _Found(pair.verdict.summary())
         if not shrinking and outcome is not None:
             count(outcome, case)
 
@@ -336,7 +355,8 @@ def _run_arms(arms: list[Arm], seed: int | None, body: Callable[[Case], None],
             except _Found:
                 case, verdict, target = state["last"]
                 failure = Failure(case, verdict, target.name)
-                if minimize is not None and verdict.kind not in ("crash", "timeout"):
+                hard = verdict.kind in ("crash", "timeout") or verdict.what.startswith("peers-")
+                if minimize is not None and not hard:
                     failure.original = case
                     failure.case, failure.verdict = minimize(
                         case, target, verdict, lambda c, t=target: judge(c, t))

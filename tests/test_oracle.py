@@ -154,3 +154,16 @@ def test_bf16_intermediate_rounding_is_outside_tolerance() -> None:
     assert run_case(KDA, case, reference_kda_packed_decode).status == "pass"
     v = run_case(KDA, case, mutants.make({"low_precision_math"})).verdict
     assert v is not None and v.kind == "mismatch"
+
+
+def test_peer_mode_compares_two_implementations() -> None:
+    from kda_fuzz.oracle import run_peers
+
+    case = build(_layout(K=8, V=4, padding="first", seed=5), "triton")
+    same = run_peers(KDA, case, [("ref", reference_kda_packed_decode),
+                                 ("twin", mutants.correct_triton)])
+    assert same.status == "pass"
+    differ = run_peers(KDA, case, [("ref", reference_kda_packed_decode),
+                                   ("kmajor", mutants.make({"k_major_state"}))])
+    assert differ.status == "fail" and differ.verdict.what.startswith("peers-disagree")
+    assert "kmajor" in differ.verdict.detail

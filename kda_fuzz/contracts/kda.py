@@ -298,6 +298,30 @@ def judge(case: Case, kwargs: dict[str, Any], before: dict[str, torch.Tensor],
     return None
 
 
+def cross_judge(case: Case, before: dict[str, torch.Tensor],
+                results: list[tuple[str, dict[str, Any]]]) -> Verdict | None:
+    """Peer mode: two implementations' outputs on the same accepted layout agree within
+    the sum of their tolerance bounds (each bound as in ``judge``)."""
+    ref_args = {n: case.tensors[n].view(before[n]) for n in case.tensors}
+    ref_args.update(case.scalars)
+    ref = reference64(ref_args)
+    (name_a, a), (name_b, b) = results[0], results[1]
+    rows, slots = ref["rows"], ref["slots"]
+    for output, got_a, got_b, bound in (
+        ("out", a["out"][rows, 0], b["out"][rows, 0], ref["out_bound"]),
+        ("initial_state", a["initial_state"][slots], b["initial_state"][slots],
+         ref["state_bound"]),
+    ):
+        v = _compare(output, got_a, got_b.to(torch.float64), 2 * bound)
+        if v is not None:
+            detail = v.detail.replace("the float64 reference", name_b).replace(
+                "got", f"{name_a} gave", 1)
+            return _with_row(Verdict("mismatch", f"peers-disagree-{output}", detail,
+                                     output=output, max_error=v.max_error, where=v.where),
+                             rows)
+    return None
+
+
 def _with_row(v: Verdict, rows: torch.Tensor) -> Verdict:
     """Point ``where`` at the batch row rather than the position among valid rows."""
     if v.where:
@@ -318,6 +342,7 @@ CONTRACT = Contract(
     broken_arms=kda_layouts.broken_arms,
     holes=HOLES,
     families=kda_layouts.families,
+    cross_judge=cross_judge,
     doc=__doc__ or "",
     extras={
         "default_targets": {
