@@ -116,12 +116,13 @@ class Contract:
     def expect(self, args: Mapping[str, Any], variant: str) -> Expectation:
         """The outcome the contract prescribes for a call with ``args``."""
         ns = self.namespace(args)
-        checks = self.checks_for(variant)
-        for hole in self.holes:
-            if all(not c.fails(ns) for c in checks if c.number <= hole.after) and hole.applies(ns):
-                return Expectation(False, None, None, hole.name)
-        for c in checks:
-            if c.fails(ns):
+        holes = list(self.holes)
+        for c in (*self.checks_for(variant), None):
+            for hole in [h for h in holes if c is None or c.number > h.after]:
+                holes.remove(hole)  # every check up to hole.after passed
+                if hole.applies(ns):
+                    return Expectation(False, None, None, hole.name)
+            if c is not None and c.fails(ns):
                 return Expectation(False, c.number, c.render(ns))
         return Expectation(True)
 
