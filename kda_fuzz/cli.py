@@ -43,12 +43,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="save the minimized failing case into DIR")
     f.add_argument("--budget", type=int, default=None,
                    help="max B*HV*V*K elements per valid case (default: 2^18 on cpu, "
-                        "2^24 on cuda)")
+                        "2^13 for the project's interpreted kernels, 2^24 on cuda)")
     f.add_argument("--families", type=int, default=None,
                    help="spend valid examples family by family (fixed shapes, dtypes, "
                         "strides): fewer compiles (default: 0 on cpu, 8 on cuda)")
     f.add_argument("--max-b", type=int, default=None,
-                   help="largest batch size (default: 256 on cpu, 4096 on cuda)")
+                   help="largest batch size (default: 256 on cpu, 64 for the project's "
+                        "interpreted kernels, 4096 on cuda)")
     f.add_argument("--no-bucket", action="store_true",
                    help="do not round B up to powers of two with padding rows on cuda")
     f.add_argument("--valid-share", type=float, default=0.5,
@@ -133,7 +134,7 @@ def _fuzz(args: argparse.Namespace) -> int:
             on_example=progress.update, minimize=minimize,
             isolate=not args.no_isolate, timeout=args.timeout,
             inflight_dir=_inflight_dir(args.corpus), peers=_peers(args),
-            **{"budget": args.budget, **_gpu_shaping(args)},
+            **_shaping(args),
         )
     if args.corpus and report.failures:
         from .corpus import save_failure
@@ -149,16 +150,23 @@ def _fuzz(args: argparse.Namespace) -> int:
     return EXIT_FAILURE if report.failures else EXIT_OK
 
 
-def _gpu_shaping(args: argparse.Namespace) -> dict[str, Any]:
-    """Compile-aware defaults on cuda (families, bucketed B up to 4096); none on cpu."""
+# The project's kernels run under the Triton interpreter on CPU, at a cost per program
+# (row x head x V-block): keep their layouts small there unless told otherwise.
+INTERPRETED_BUDGET, INTERPRETED_MAX_B = 1 << 13, 64
+
+
+def _shaping(args: argparse.Namespace) -> dict[str, Any]:
+    """Layout sizes: compile-aware defaults on cuda (families, bucketed B up to 4096),
+    small layouts for the interpreted default kernels on cpu."""
     cuda = args.device.startswith("cuda")
+    interpreted = not cuda and not args.target
     out: dict[str, Any] = {
         "families": args.families if args.families is not None else (8 if cuda else 0),
         "bucket": cuda and not args.no_bucket,
-        "max_b": args.max_b or (4096 if cuda else None),
+        "max_b": args.max_b or (4096 if cuda else INTERPRETED_MAX_B if interpreted else None),
+        "budget": args.budget or (1 << 24 if cuda else INTERPRETED_BUDGET if interpreted
+                                  else None),
     }
-    if cuda and args.budget is None:
-        out["budget"] = 1 << 24
     return out
 
 
