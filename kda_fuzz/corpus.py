@@ -525,6 +525,22 @@ def replay_case(contract: Contract, case: Case, targets: Sequence[Any]
     return [(t.name, run_case(contract, case, t.fn)) for t in targets]
 
 
+def _replay_isolated(contract: Contract, case: Case, targets: Sequence[Any], device: str
+                     ) -> list[tuple[str, Outcome]]:
+    """A ``crash-``/``timeout-`` file: each target runs in a worker process, so a target
+    that still aborts or hangs fails the entry instead of ending the replay."""
+    from .isolate import IsolatedTarget
+
+    out = []
+    for t in targets:
+        with IsolatedTarget(contract, t.name, timeout=HARD_TIMEOUT, device=device) as iso:
+            out.append((t.name, iso.run(case)))
+    return out
+
+
+HARD_TIMEOUT = 60.0
+
+
 def passed(outcome: Outcome) -> bool:
     """A corpus entry passes when the target does what the contract prescribes."""
     return outcome.status in ("pass", "gap", "skip")
@@ -585,10 +601,12 @@ def replay_file(path: Path, contract: Contract, variant: str | None,
     except TargetError as e:
         rec["error"] = f"cannot load the default targets: {e}"
         return rec
-    if device != "cpu":
+    hard = meta["kind"] in ("crash", "timeout")
+    if device != "cpu" and not hard:
         case = case.on(device)
     try:
-        results = replay_case(contract, case, chosen)
+        results = (_replay_isolated(contract, case, chosen, device) if hard
+                   else replay_case(contract, case, chosen))
     except Exception as e:  # the oracle itself failed on this file
         rec["error"] = f"oracle error: {type(e).__name__}: {e}"
         return rec

@@ -48,6 +48,13 @@ def test_campaign_saves_crash_and_timeout_cases(tmp_path: Path, target: str, kin
     saved = [Path(p) for p in summary["saved"]]
     assert len(saved) == 1 and saved[0].name.startswith(f"{kind}-") and saved[0].exists()
     assert not (tmp_path / ".inflight").exists()
+    if kind == "crash":  # replaying it isolates the target too: exit 1, not an abort
+        again = subprocess.run(
+            [sys.executable, "-m", "kda_fuzz", "replay", "--target", target, "--contract",
+             "triton", str(saved[0])], cwd=ROOT, env=env, capture_output=True, text=True,
+            timeout=600)
+        assert again.returncode == 1, again.stderr
+        assert "FAIL" in again.stdout and "crash" in again.stdout
 
 
 @pytest.mark.gpu
