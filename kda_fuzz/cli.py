@@ -150,9 +150,9 @@ def _fuzz(args: argparse.Namespace) -> int:
     return EXIT_FAILURE if report.failures else EXIT_OK
 
 
-# The project's kernels run under the Triton interpreter on CPU, at a cost per program
-# (row x head x V-block): keep their layouts small there unless told otherwise.
-INTERPRETED_BUDGET, INTERPRETED_MAX_B = 1 << 13, 64
+# The project's kernels run under the Triton interpreter on CPU, at tens of ms per program
+# (row x head): keep their layouts small there unless told otherwise.
+INTERPRETED_BUDGET, INTERPRETED_MAX_B, INTERPRETED_MAX_BHV = 1 << 13, 64, 32
 
 
 def _shaping(args: argparse.Namespace) -> dict[str, Any]:
@@ -166,6 +166,7 @@ def _shaping(args: argparse.Namespace) -> dict[str, Any]:
         "max_b": args.max_b or (4096 if cuda else INTERPRETED_MAX_B if interpreted else None),
         "budget": args.budget or (1 << 24 if cuda else INTERPRETED_BUDGET if interpreted
                                   else None),
+        "max_bhv": INTERPRETED_MAX_BHV if interpreted and not args.budget else None,
     }
     return out
 

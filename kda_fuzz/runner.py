@@ -161,7 +161,8 @@ class Arm:
 
 def plan(contract: Contract, variant: str, max_examples: int, *, device: str = "cpu",
          budget: int | None = None, valid_share: float = 0.5, families: int = 0,
-         bucket: bool = False, max_b: int | None = None, seed: int | None = None) -> list[Arm]:
+         bucket: bool = False, max_b: int | None = None, seed: int | None = None,
+         max_bhv: int | None = None) -> list[Arm]:
     """Split a campaign's examples: every broken stratum (each breakage, each adjacent pair
     of checks) gets its share, then a random mix of breakages, then valid layouts.
 
@@ -187,6 +188,8 @@ def plan(contract: Contract, variant: str, max_examples: int, *, device: str = "
         kw["max_b"] = max_b
     if bucket:
         kw["bucket"] = True
+    if max_bhv:
+        kw["max_bhv"] = max_bhv
     fams = (contract.families(variant, families, seed or 0, **({"budget": budget} if budget
                                                                else {}))
             if families and contract.families else [])
@@ -218,6 +221,7 @@ def campaign(
     max_b: int | None = None,
     max_seconds: float | None = None,
     peers: list[Target] | None = None,
+    max_bhv: int | None = None,
 ) -> Report:
     """Run one fuzz campaign; stops at the first failing case, minimized.
 
@@ -314,7 +318,7 @@ def campaign(
     arms = plan(contract, variant, max_examples, device="cpu" if isolate else device,
                 budget=budget,
                 valid_share=valid_share, families=families, bucket=bucket, max_b=max_b,
-                seed=seed)
+                seed=seed, max_bhv=max_bhv)
     deadline = None if max_seconds is None else t0 + max_seconds
     try:
         _run_arms(arms, seed, body, state, report, minimize, deadline, judge)

@@ -27,7 +27,7 @@ def _check(case: Case, fn, device: str) -> None:
 
 @pytest.mark.parametrize("variant,name,fn", TARGETS, ids=[f"{v}-{n}" for v, n, _ in TARGETS])
 def test_kernel_valid_layouts(variant: str, name: str, fn) -> None:
-    @given(KDA.valid_cases(variant, budget=CPU_BUDGET, max_b=64))
+    @given(KDA.valid_cases(variant, budget=CPU_BUDGET, max_b=64, max_bhv=32))
     def fuzz(case: Case) -> None:
         _check(case, fn, "cpu")
 

@@ -244,13 +244,14 @@ def values() -> st.SearchStrategy[Values]:
 @st.composite
 def layouts(draw: Callable, variant: str, budget: int = DEFAULT_BUDGET,
             max_b: int = 256, max_spare: int = 64, bucket: bool = False,
-            family: KdaLayout | None = None) -> KdaLayout:
+            family: KdaLayout | None = None, max_bhv: int | None = None) -> KdaLayout:
     """Valid ``KdaLayout`` values of a contract variant, within ``budget`` state elements.
 
     ``bucket`` rounds B up to a power of four with trailing padding rows, so that a
     shape-specialising kernel compiles once per bucket rather than once per batch size.
     ``family`` fixes everything a kernel may compile for (head counts and dims, dtypes,
-    strides, flags); only B, padding, indices and values are drawn."""
+    strides, flags); only B, padding, indices and values are drawn. ``max_bhv`` bounds
+    B * HV (programs of an interpreted kernel launch)."""
     if family is not None:
         per_row = max(1, family.HV * family.V * family.K)
         B = draw(st.one_of(st.sampled_from(EDGE_B), st.integers(1, max_b)))
@@ -265,10 +266,10 @@ def layouts(draw: Callable, variant: str, budget: int = DEFAULT_BUDGET,
     K = draw(_dim(variant, budget))
     V = draw(_dim(variant, budget // K))
     per_head = max(1, V * K)
-    max_hv = max(1, min(64, budget // per_head))
+    max_hv = max(1, min(64, budget // per_head, max_bhv or 64))
     H = draw(st.integers(1, min(8, max_hv)))
     HV = H * draw(st.integers(1, max(1, min(8, max_hv // H))))
-    cap = max(1, min(max_b, budget // (HV * per_head)))
+    cap = max(1, min(max_b, budget // (HV * per_head), (max_bhv or HV * max_b) // HV))
     B = min(cap, draw(st.one_of(st.sampled_from(EDGE_B), st.integers(1, max_b))))
     max_spare = max(0, min(max_spare, 2 * budget // (HV * per_head) - B))
     tail = bucket_size(B) - B if bucket else 0
@@ -303,10 +304,10 @@ def layouts(draw: Callable, variant: str, budget: int = DEFAULT_BUDGET,
 
 
 def valid_cases(variant: str, *, budget: int = DEFAULT_BUDGET, device: str = "cpu",
-                max_b: int = 256, bucket: bool = False, family: KdaLayout | None = None
-                ) -> st.SearchStrategy[Case]:
+                max_b: int = 256, bucket: bool = False, family: KdaLayout | None = None,
+                max_bhv: int | None = None) -> st.SearchStrategy[Case]:
     """Cases that the contract variant accepts, built on ``device``."""
-    return layouts(variant, budget, max_b, bucket=bucket, family=family).map(
+    return layouts(variant, budget, max_b, bucket=bucket, family=family, max_bhv=max_bhv).map(
         lambda p: build(p, variant, device))
 
 
