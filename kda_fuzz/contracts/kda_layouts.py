@@ -498,6 +498,16 @@ def _non_pow2(draw: Callable, p: KdaLayout) -> KdaLayout:
     return q if q.HV * q.K * q.V <= 1 << 16 else replace(q, H=1, HV=1)
 
 
+def _two_heads_two_values(draw: Callable, p: KdaLayout) -> KdaLayout:
+    """Sizes of 1 make any stride pattern contiguous: give the view something to break."""
+    return replace(p, HV=p.HV if p.HV > 1 else 2 * p.H, V=max(p.V, 2))
+
+
+def _k_at_least_two(draw: Callable, p: KdaLayout) -> KdaLayout:
+    """Every width is a multiple of K = 1."""
+    return replace(p, K=max(p.K, 2))
+
+
 def _degenerate(draw: Callable, p: KdaLayout) -> KdaLayout:
     which = draw(st.sampled_from(("K", "V", "HV", "H")))
     return replace(p, **{which: 0})
@@ -547,13 +557,13 @@ BREAKAGES: tuple[Breakage, ...] = (
     *_each(("A_log", "dt_bias"), 6, "stride", lambda n: _last_stride(n, f"{n}-stride")),
     Breakage("rank:ssm_state_indices", 7, _reshape("ssm_state_indices", "indices-rank",
                                                    _rank_variants(1))),
-    Breakage("out-noncontiguous", 8, _out_noncontiguous),
+    Breakage("out-noncontiguous", 8, _out_noncontiguous, rebuild=_two_heads_two_values),
     *_each(ALL_TENSORS, 9, "device", _to_meta),
     *_each(("a", "b"), 10, "batch", lambda n: _resize(n, f"{n}-batch", 0)),
     Breakage("batch:ssm_state_indices", 11, _resize("ssm_state_indices", "indices-batch", 0)),
     Breakage("rank:initial_state", 12, _reshape("initial_state", "state-rank",
                                                 _rank_variants(4))),
-    Breakage("state-k-major", 13, _state_k_major),
+    Breakage("state-k-major", 13, _state_k_major, rebuild=_two_heads_two_values),
     Breakage("non-pow2-head-dim", 14, rebuild=_non_pow2),
     Breakage("a-width", 15, _resize("a", "a-width", 1)),
     Breakage("b-width", 16, _resize("b", "b-width", 1)),
@@ -563,7 +573,8 @@ BREAKAGES: tuple[Breakage, ...] = (
     Breakage("odd-qk-width", 20, _width("odd-qk-width", lambda p: [p.width + 1, p.width - 1,
                                                                     p.HV * p.V, p.HV * p.V - 2])),
     Breakage("q-not-divisible", 21, _width("q-not-divisible", lambda p: [
-        2 * (p.H * p.K + d) + p.HV * p.V for d in range(1, max(2, p.K))][:8])),
+        2 * (p.H * p.K + d) + p.HV * p.V for d in range(1, max(2, p.K))][:8]),
+        rebuild=_k_at_least_two),
     Breakage("heads-not-dividing", 22, _width("heads-not-dividing", _bad_heads)),
     Breakage("missing-k-segment", None, _width("missing-k-segment", lambda p: [
         p.H * p.K + p.HV * p.V]), semantic=True),
