@@ -13,7 +13,6 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
 
 import torch
 from hypothesis import strategies as st
@@ -639,12 +638,3 @@ def broken_cases(draw: Callable, variant: str, *, budget: int = 4096, device: st
     case.notes["breakages"] = [b.name for b in chosen]
     case.notes["semantic"] = any(b.semantic for b in chosen)
     return case
-
-
-def describe_layout(case: Case) -> dict[str, Any]:
-    """Sizes of a case as the contract names them (best effort on broken layouts)."""
-    st_shape = case.tensors["initial_state"].shape
-    out = {"B": case.tensors["mixed_qkv"].shape[0] if case.tensors["mixed_qkv"].shape else None}
-    if len(st_shape) == 4:
-        out.update(num_slots=st_shape[0], HV=st_shape[1], V=st_shape[2], K=st_shape[3])
-    return out

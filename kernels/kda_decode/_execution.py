@@ -85,7 +85,6 @@ def configure_cpu(mode: CpuMode | None = None) -> CpuMode:
     return cpu_mode()
 
 
-configure_cpu_execution = configure_cpu
 
 
 def uses_interpreter(t: torch.Tensor) -> bool:
