@@ -413,6 +413,8 @@ def _last_stride(name: str, label: str) -> Breaker:
 
     def apply(draw: Callable, case: Case, p: KdaLayout) -> Case:
         shp = _shape(case, name)
+        if not shp:  # a 0-d tensor (an earlier rank breakage) has no last dim
+            return case
         step = draw(st.sampled_from((2, 3, 0)))
         wide = (*shp[:-1], max(shp[-1], 1) * step if step else 1)
         stride = (*torch.empty(wide, device="meta").stride()[:-1], step)
@@ -426,6 +428,8 @@ def _resize(name: str, label: str, dim: int) -> Breaker:
 
     def apply(draw: Callable, case: Case, p: KdaLayout) -> Case:
         shp = list(_shape(case, name))
+        if dim >= len(shp):  # an earlier breakage changed its rank: nothing to resize
+            return case
         d = draw(st.sampled_from((1, -1, 2, 3)))
         shp[dim] = shp[dim] + d if shp[dim] + d >= 0 else shp[dim] + 1
         return _put(case, name, _like(draw, case.tensors[name], tuple(shp)), label)
@@ -484,6 +488,8 @@ def _state_inner_stride(draw: Callable, case: Case, p: KdaLayout) -> Case:
 
 def _indices_strided(draw: Callable, case: Case, p: KdaLayout) -> Case:
     old = case.tensors["ssm_state_indices"]
+    if old.shape != (p.B,):  # already reshaped by another breakage
+        return case
     vals = old.view().to(torch.int64)
     return _put(case, "ssm_state_indices",
                 strided_arg((p.B,), old.dtype, vals, (2,), device=old.device),
