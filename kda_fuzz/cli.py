@@ -221,6 +221,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as e:
         print(f"kda-fuzz: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except Exception as e:  # a bug of kda-fuzz itself: never reported as a target failure
+        import traceback
+
+        traceback.print_exc()
+        print(f"kda-fuzz: internal error: {type(e).__name__}: {e}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print("kda-fuzz: interrupted", file=sys.stderr)
         return 130

@@ -116,6 +116,11 @@ def run_case(contract: Contract, case: Case, target: Callable[..., Any]) -> Outc
         v = contract.judge(case, kwargs, before, bases, result)
     except Unjudgeable as e:
         return Outcome("skip", exp, note=str(e))
+    except Exception as e:  # e.g. the target resized or re-typed the caller's tensors
+        return Outcome("fail", exp, Verdict(
+            "mismatch", "outputs-unreadable",
+            f"the oracle could not read the caller's tensors after the call: "
+            f"{type(e).__name__}: {e}"))
     return Outcome("fail" if v else "pass", exp, v)
 
 

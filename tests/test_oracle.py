@@ -171,3 +171,14 @@ def test_peer_mode_compares_two_implementations() -> None:
                                    ("kmajor", mutants.make({"k_major_state"}))])
     assert differ.status == "fail" and differ.verdict.what.startswith("peers-disagree")
     assert "kmajor" in differ.verdict.detail
+
+
+def test_target_that_resizes_out_is_a_failure_not_a_crash() -> None:
+    def shrinks_out(*args):
+        res = reference_kda_packed_decode(*args)
+        args[7].resize_(0)
+        return res
+
+    case = build(_layout(), "triton")
+    v = run_case(KDA, case, shrinks_out).verdict
+    assert v is not None and v.kind == "mismatch"
