@@ -226,9 +226,8 @@ def _small_or(hi: int, lo: int = 1) -> st.SearchStrategy[int]:
     return st.one_of(st.just(0), st.integers(lo, hi))
 
 
-def values() -> st.SearchStrategy[Values]:
-    """Value profiles from exact zeros and 1e-6 vectors to large, gates around softplus' 20."""
-    return st.sampled_from(sorted(GATE_REGIMES)).flatmap(lambda regime: st.builds(
+def _regime_values(regime: str) -> st.SearchStrategy[Values]:
+    return st.builds(
         Values,
         qkv_kind=st.sampled_from(("normal", "mixed", "tiny", "zeros", "normal")),
         qkv_scale=st.sampled_from((1.0, 0.1, 3.0, 10.0)),
@@ -237,7 +236,16 @@ def values() -> st.SearchStrategy[Values]:
         state_kind=st.sampled_from(("normal", "mixed", "zeros", "tiny", "normal")),
         state_scale=st.sampled_from((1.0, 0.01, 10.0, 100.0)),
         **{k: st.just(v) for k, v in GATE_REGIMES[regime].items()},
-    ))
+    )
+
+
+# Built once: strategies made per draw cost more to validate than to draw.
+_VALUES = st.one_of(*(_regime_values(r) for r in sorted(GATE_REGIMES)))
+
+
+def values() -> st.SearchStrategy[Values]:
+    """Value profiles from exact zeros and 1e-6 vectors to large, gates around softplus' 20."""
+    return _VALUES
 
 
 @st.composite
