@@ -38,14 +38,15 @@ def expectation(contract: Contract, case: Case) -> Expectation:
     return contract.expect(args, case.variant)
 
 
-def _same_bits(x: torch.Tensor, y: torch.Tensor) -> bool:
+def same_bits(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """Bit-for-bit equality (NaN-safe); meta tensors hold no bits and compare equal."""
     if x.device.type == "meta":
         return True
     return torch.equal(x.view(torch.uint8), y.view(torch.uint8))
 
 
 def _mutated(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> list[str]:
-    return [n for n in before if not _same_bits(before[n], after[n])]
+    return [n for n in before if not same_bits(before[n], after[n])]
 
 
 def _which_message(contract: Contract, case: Case, text: str) -> int | None:

@@ -146,6 +146,9 @@ class Report:
 Minimizer = Callable[[Case, Target, Verdict, Callable[[Case], Outcome]], tuple[Case, Verdict]]
 
 
+HARD_KINDS = ("crash", "timeout")  # never re-run, shrunk or minimized: each try may kill
+
+
 class _Found(Exception):
     """Raised inside the Hypothesis test to report a failing case."""
 
@@ -260,7 +263,7 @@ def campaign(
             inflight = save_case(case, None, inflight_dir,
                                  description=f"in flight on {target.name}")
         outcome = workers[target.name].run(case)
-        if outcome.verdict is not None and outcome.verdict.kind in ("crash", "timeout"):
+        if outcome.verdict is not None and outcome.verdict.kind in HARD_KINDS:
             state["hard"][(target.name, fp)] = outcome
             if inflight is not None:
                 outcome.verdict.extra["inflight"] = str(inflight)
@@ -274,6 +277,21 @@ def campaign(
         if on_example is not None:
             on_example(report)
 
+    def found(case: Case, outcome: Outcome, verdict: Verdict, target: Target) -> None:
+        """Report a failure to Hypothesis (raises), unless shrinking turned it into
+        another failure (returns: that smaller case does not count as failing)."""
+        first = state["first"]
+        if first is not None and not verdict.same_failure(first[1]):
+            return
+        state["fps"].add(fingerprint(case))
+        state["last"] = (case, verdict, target)
+        if first is None:
+            state["first"], state["t_first"] = state["last"], time.monotonic()
+            if verdict.kind in HARD_KINDS:
+                state["t_first"] -= shrink_seconds  # each try may cost a timeout
+            count(outcome, case)
+        raise _Found(verdict.summary())
+
     def body(case: Case) -> None:
         shrinking = state["first"] is not None
         if shrinking:
@@ -285,33 +303,17 @@ def campaign(
             outcome = judge(case, target)
             if outcome.status == "fail":
                 assert outcome.verdict is not None
-                first = state["first"]
-                if first is not None and not outcome.verdict.same_failure(first[1]):
-                    return  # shrinking must keep the same failure
-                state["fps"].add(fingerprint(case))
-                state["last"] = (case, outcome.verdict, target)
-                if first is None:
-                    state["first"], state["t_first"] = state["last"], time.monotonic()
-                    if outcome.verdict.kind in ("crash", "timeout"):
-                        state["t_first"] -= shrink_seconds  # each try may cost a timeout
-                    count(outcome, case)
-                raise _Found(outcome.verdict.summary())
+                found(case, outcome, outcome.verdict, target)
+                return  # shrinking must keep the same failure
             if outcome.status in ("gap", "skip"):
                 break
         for peer in peers if outcome is not None and outcome.status == "pass" else ():
             pair = run_peers(contract, case, [(targets[0].name, targets[0].fn),
                                              (peer.name, peer.fn)])
             if pair.status == "fail" and pair.verdict is not None:
-                first = state["first"]
-                if first is not None and not pair.verdict.same_failure(first[1]):
-                    return
                 who = Target(f"{targets[0].name} vs {peer.name}", targets[0].fn)
-                state["fps"].add(fingerprint(case))
-                state["last"] = (case, pair.verdict, who)
-                if first is None:
-                    state["first"], state["t_first"] = state["last"], time.monotonic()
-                    count(outcome, case)
-                raise _Found(pair.verdict.summary())
+                found(case, outcome, pair.verdict, who)
+                return
         if not shrinking and outcome is not None:
             count(outcome, case)
 
@@ -359,7 +361,7 @@ def _run_arms(arms: list[Arm], seed: int | None, body: Callable[[Case], None],
             except _Found:
                 case, verdict, target = state["last"]
                 failure = Failure(case, verdict, target.name)
-                hard = verdict.kind in ("crash", "timeout") or verdict.what.startswith("peers-")
+                hard = verdict.kind in HARD_KINDS or verdict.what.startswith("peers-")
                 if minimize is not None and not hard:
                     failure.original = case
                     failure.case, failure.verdict = minimize(

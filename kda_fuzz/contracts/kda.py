@@ -26,6 +26,7 @@ import torch
 
 from ..case import Case
 from ..contract import Check, Contract, Hole, Unjudgeable, shape
+from ..oracle import same_bits
 from ..verdict import Verdict
 from . import kda_layouts
 
@@ -136,12 +137,6 @@ _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 def _bits(t: torch.Tensor) -> torch.Tensor:
     """The tensor's bit patterns as integers of the same width (NaN-safe equality)."""
     return t.view(_INT_OF_SIZE[t.element_size()])
-
-
-def _bitwise_equal(x: torch.Tensor, y: torch.Tensor) -> bool:
-    if x.device.type == "meta":
-        return True
-    return torch.equal(_bits(x), _bits(y))
 
 
 def reference64(args: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -255,7 +250,7 @@ def judge(case: Case, kwargs: dict[str, Any], before: dict[str, torch.Tensor],
         return Verdict("mismatch", "returned-objects",
                        f"must return the caller's own (out, initial_state); got {got}")
     for name in READ_ONLY:
-        if not _bitwise_equal(before[name], after[name]):
+        if not same_bits(before[name], after[name]):
             return Verdict("mismatch", f"mutated-{name}", f"read-only input `{name}` was modified")
     ref_args = {n: case.tensors[n].view(before[n]) for n in case.tensors}
     ref_args.update(case.scalars)
