@@ -63,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "target's outputs with it on every accepted layout (repeatable)")
     f.add_argument("--no-isolate", action="store_true",
                    help="run targets in this process (faster; an abort or hang ends the run)")
+    f.add_argument("--jobs", "-j", default="1", metavar="N|auto",
+                   help="campaign jobs in parallel processes, each with its own seed and "
+                        "compile families (auto: 4 per GPU on cuda, one per core on cpu; "
+                        "default 1)")
     r = sub.add_parser("replay", help="replay saved corpus files against a target")
     _common(r)
     r.add_argument("paths", nargs="+", metavar="PATH", help="corpus files or folders")
@@ -125,17 +129,22 @@ def _fuzz(args: argparse.Namespace) -> int:
         raise UsageError("--timeout must be positive")
     _prepare_device(args.device)
     targets = _targets(args, contract)
-    minimize = _minimizer(contract)
+    jobs = _jobs(args)
+    options: dict[str, Any] = dict(
+        device=args.device, max_examples=args.max_examples, seed=args.seed,
+        valid_share=args.valid_share, shrink_seconds=args.shrink_seconds,
+        isolate=not args.no_isolate, timeout=args.timeout,
+        inflight_dir=_inflight_dir(args.corpus), **_shaping(args))
     with Progress(args.max_examples, enabled=not args.json) as progress:
-        report = campaign(
-            contract, args.contract, targets, device=args.device,
-            max_examples=args.max_examples, seed=args.seed,
-            valid_share=args.valid_share, shrink_seconds=args.shrink_seconds,
-            on_example=progress.update, minimize=minimize,
-            isolate=not args.no_isolate, timeout=args.timeout,
-            inflight_dir=_inflight_dir(args.corpus), peers=_peers(args),
-            **_shaping(args),
-        )
+        if jobs == 1:
+            report = campaign(contract, args.contract, targets, on_example=progress.update,
+                              minimize=_minimizer(contract), peers=_peers(args), **options)
+        else:
+            from .parallel import parallel_campaign
+
+            report, _ = parallel_campaign(
+                args.family, args.contract, [t.name for t in targets], jobs,
+                peers=[p.name for p in _peers(args)], on_example=progress.update, **options)
     if args.corpus and report.failures:
         from .corpus import save_failure
 
@@ -169,6 +178,20 @@ def _shaping(args: argparse.Namespace) -> dict[str, Any]:
         "max_bhv": INTERPRETED_MAX_BHV if interpreted and not args.budget else None,
     }
     return out
+
+
+def _jobs(args: argparse.Namespace) -> int:
+    if args.jobs == "auto":
+        from .parallel import auto_jobs
+
+        return auto_jobs(args.device)
+    try:
+        jobs = int(args.jobs)
+    except ValueError:
+        jobs = 0
+    if jobs < 1:
+        raise UsageError(f"--jobs must be a positive integer or auto, not {args.jobs!r}")
+    return jobs
 
 
 def _inflight_dir(corpus: str | None) -> str:

@@ -36,8 +36,12 @@ def _worker(conn: Connection, family: str, target: str, device: str) -> None:
 
     contract = get_contract(family)
     fn = load_target(target).fn
+    parent = os.getppid()
     conn.send("ready")
     while True:
+        while not conn.poll(1.0):
+            if os.getppid() != parent:  # orphaned (a forked copy may hold the pipe's other end)
+                return
         try:
             case = conn.recv()
         except EOFError:
@@ -85,12 +89,15 @@ class IsolatedTarget:
 
     def _start(self) -> None:
         parent, child = self._ctx.Pipe()
-        self._proc = self._ctx.Process(
+        proc = self._ctx.Process(
             target=_worker, args=(child, self.contract.name, self.target, self.device),
             daemon=True,
         )
-        self._proc.start()
-        child.close()
+        try:
+            proc.start()
+        finally:
+            child.close()
+        self._proc = proc
         self._conn = parent
         if not parent.poll(max(self.timeout, 120.0)) or parent.recv() != "ready":
             raise RuntimeError(f"worker for {self.target} did not start")

@@ -80,22 +80,16 @@ def device_name(config: pytest.Config) -> str:
     return dev
 
 
-WORKERS_PER_GPU = 4
-
-
 @pytest.fixture(scope="session")
 def kda_device_name(request: pytest.FixtureRequest) -> str:
     """``cpu`` or ``cuda[:i]``: under xdist, worker i uses GPU i mod n.
 
     On a GPU each worker may use its share of the device's memory and no more, so that
     workers sharing one GPU cannot exhaust it."""
-    dev = device_name(request.config)
-    if dev.startswith("cuda"):
-        import torch
+    from .parallel import claim_device
 
-        torch.cuda.set_device(dev)
-        torch.cuda.set_per_process_memory_fraction(0.9 / WORKERS_PER_GPU)
-    return dev
+    dev = device_name(request.config)
+    return claim_device(dev, 0) if dev.startswith("cuda") else dev
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -104,10 +98,9 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     shared per device), not one per CPU core."""
     if not kda_device(config).startswith("cuda"):
         return None
-    import torch
+    from .parallel import auto_jobs
 
-    cpus = os.cpu_count() or 1
-    return max(1, min(cpus, WORKERS_PER_GPU * max(1, torch.cuda.device_count())))
+    return auto_jobs("cuda")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -9,7 +9,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -119,6 +119,15 @@ class Report:
         if outcome.status == "skip":
             self.skipped += 1
 
+    def absorb(self, other: Report) -> None:
+        """Add another campaign's counts and findings (a parallel job's) to this one."""
+        for name in ("examples", "rows", "tail_rows", "valid_cases", "broken_cases", "skipped"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.checks_hit.update(other.checks_hit)
+        self.validation_gaps.update(other.validation_gaps)
+        self.failures.extend(other.failures)
+        self.saved.extend(other.saved)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "contract": self.contract,
@@ -153,6 +162,10 @@ class _Found(Exception):
     """Raised inside the Hypothesis test to report a failing case."""
 
 
+class _Stopped(Exception):
+    """Raised inside the Hypothesis test when the campaign is told to stop."""
+
+
 @dataclass(frozen=True)
 class Arm:
     """One stratum of a campaign: a strategy and the examples it gets."""
@@ -160,17 +173,28 @@ class Arm:
     name: str
     strategy: st.SearchStrategy[Case]
     examples: int
+    index: int = 0  # position in the whole campaign's plan (seeds the arm's Hypothesis run)
+
+
+def deal(arms: list[Arm], job: int, jobs: int) -> list[Arm]:
+    """The arms that job ``job`` of ``jobs`` runs: broken and valid arms are each dealt out
+    round-robin, so every job gets its share of both (see ``plan``'s ``parts``)."""
+    arms = [replace(a, index=i) for i, a in enumerate(arms)]
+    broken = [a for a in arms if a.name.startswith("broken:")]
+    valid = [a for a in arms if not a.name.startswith("broken:")]
+    return broken[job::jobs] + valid[job::jobs]
 
 
 def plan(contract: Contract, variant: str, max_examples: int, *, device: str = "cpu",
          budget: int | None = None, valid_share: float = 0.5, families: int = 0,
          bucket: bool = False, max_b: int | None = None, seed: int | None = None,
-         max_bhv: int | None = None) -> list[Arm]:
+         max_bhv: int | None = None, parts: int = 1) -> list[Arm]:
     """Split a campaign's examples: every broken stratum (each breakage, each adjacent pair
     of checks) gets its share, then a random mix of breakages, then valid layouts.
 
     With ``families`` (and a contract that defines them) the valid examples are spent
-    family by family, so a shape-specialising kernel compiles a few times per family."""
+    family by family, so a shape-specialising kernel compiles a few times per family.
+    Without families the valid examples are split into ``parts`` arms (one per job)."""
     strata = contract.broken_arms(variant)
     n_broken = round(max_examples * (1 - valid_share))
     per = (n_broken * 4 // 5) // max(1, len(strata))  # 0: too few examples, mix only
@@ -197,10 +221,17 @@ def plan(contract: Contract, variant: str, max_examples: int, *, device: str = "
                                                                else {}))
             if families and contract.families else [])
     if not fams:
-        return [*arms, Arm("valid", contract.valid_cases(variant, **kw), n_valid)]
-    share = [n_valid // len(fams) + (i < n_valid % len(fams)) for i in range(len(fams))]
+        strategy = contract.valid_cases(variant, **kw)
+        if parts <= 1:
+            return [*arms, Arm("valid", strategy, n_valid)]
+        return [*arms, *(Arm(f"valid:part{j}", strategy, n) for j, n in
+                         enumerate(_split(n_valid, parts)) if n)]
     return [*arms, *(Arm(f"valid:family{i}", contract.valid_cases(variant, family=f, **kw), n)
-                     for i, (f, n) in enumerate(zip(fams, share)) if n)]
+                     for i, (f, n) in enumerate(zip(fams, _split(n_valid, len(fams)))) if n)]
+
+
+def _split(n: int, parts: int) -> list[int]:
+    return [n // parts + (i < n % parts) for i in range(parts)]
 
 
 def campaign(
@@ -225,6 +256,8 @@ def campaign(
     max_seconds: float | None = None,
     peers: list[Target] | None = None,
     max_bhv: int | None = None,
+    stop: Callable[[], bool] | None = None,
+    job: tuple[int, int] = (0, 1),
 ) -> Report:
     """Run one fuzz campaign; stops at the first failing case, minimized.
 
@@ -234,7 +267,9 @@ def campaign(
     ``families``/``bucket``/``max_b`` shape the valid layouts (see ``plan``); with
     ``max_seconds`` the arms are run in chunks, cycling, until the time is up.
     ``peers`` are judged like targets and, on accepted layouts, compared with the first
-    target (in this process).
+    target (in this process). ``stop`` is asked before each example; once it says yes
+    the campaign ends (another job of a parallel campaign found a failure). ``job``
+    ``(j, n)`` runs only job j's arms of the whole plan (see ``deal``).
     """
     peers = list(peers or [])
     targets = [*targets, *peers]
@@ -294,6 +329,8 @@ def campaign(
 
     def body(case: Case) -> None:
         shrinking = state["first"] is not None
+        if not shrinking and stop is not None and stop():
+            raise _Stopped
         if shrinking:
             over = time.monotonic() - state["t_first"] > shrink_seconds
             if over and fingerprint(case) not in state["fps"]:
@@ -320,7 +357,8 @@ def campaign(
     arms = plan(contract, variant, max_examples, device="cpu" if isolate else device,
                 budget=budget,
                 valid_share=valid_share, families=families, bucket=bucket, max_b=max_b,
-                seed=seed, max_bhv=max_bhv)
+                seed=seed, max_bhv=max_bhv, parts=job[1])
+    arms = deal(arms, *job)
     deadline = None if max_seconds is None else t0 + max_seconds
     try:
         _run_arms(arms, seed, body, state, report, minimize, deadline, judge)
@@ -341,7 +379,7 @@ def _run_arms(arms: list[Arm], seed: int | None, body: Callable[[Case], None],
     """Run each arm as its own Hypothesis test; with a deadline, in chunks until it passes."""
     rounds = 0
     while True:
-        for i, arm in enumerate(arms):
+        for arm in arms:
             if deadline is not None and time.monotonic() > deadline:
                 return
             n = arm.examples if deadline is None else min(arm.examples, CHUNK)
@@ -355,9 +393,11 @@ def _run_arms(arms: list[Arm], seed: int | None, body: Callable[[Case], None],
                 print_blob=False,
             )(given(arm.strategy)(body))
             if seed is not None or rounds:
-                test = hypothesis_seed(((seed or 0) * 1009 + i) * 7919 + rounds)(test)
+                test = hypothesis_seed(((seed or 0) * 1009 + arm.index) * 7919 + rounds)(test)
             try:
                 test()
+            except _Stopped:
+                return
             except _Found:
                 case, verdict, target = state["last"]
                 failure = Failure(case, verdict, target.name)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from kda_fuzz.case import Case, TensorArg
@@ -182,3 +182,56 @@ def test_target_that_resizes_out_is_a_failure_not_a_crash() -> None:
     case = build(_layout(), "triton")
     v = run_case(KDA, case, shrinks_out).verdict
     assert v is not None and v.kind == "mismatch"
+
+
+# One corruption of a correct result per rule of the KDA judge (or none).
+_CORRUPTIONS = ("none", "read-only", "out-guard", "padding-row", "out-value", "untouched-state",
+                "state-value", "overflow")
+
+
+@settings(max_examples=60, deadline=None)
+@given(layout=KDA.valid_cases("triton", budget=1 << 12, max_b=12),
+       corruption=st.sampled_from(_CORRUPTIONS), where=st.integers(0, 2**16))
+def test_fast_path_agrees_with_the_ordered_diagnosis(layout: Case, corruption: str,
+                                                     where: int) -> None:
+    """The judge's one-sync pass decision holds exactly when the ordered, per-rule
+    diagnosis finds nothing (and does not call the case unjudgeable)."""
+    from kda_fuzz.contracts import kda
+
+    case = layout
+    kwargs, bases = case.materialize()
+    before = {n: b.clone() for n, b in bases.items()}
+    reference_kda_packed_decode(*(kwargs[n] for n in KDA.signature))
+    out, state = kwargs["out"], kwargs["initial_state"]
+    if corruption == "read-only":
+        name = kda.READ_ONLY[where % len(kda.READ_ONLY)]
+        base = bases[name]
+        if base.numel():
+            base[where % base.numel()] = base[where % base.numel()] + 1
+    elif corruption == "out-guard" and case.tensors["out"].offset:
+        bases["out"][0] = 1.0
+    elif corruption == "padding-row":
+        pad = (kwargs["ssm_state_indices"] < 0).nonzero().flatten()
+        if pad.numel():
+            out[int(pad[where % pad.numel()])] = 0.5
+    elif corruption == "out-value" and out.numel():
+        out.view(-1)[where % out.numel()] += 1.0
+    elif corruption == "untouched-state":
+        base = bases["initial_state"]
+        base[where % base.numel()] = 3.0
+    elif corruption == "state-value":
+        slot = state[where % state.shape[0]]  # inner dims are contiguous, slots maybe not
+        slot.view(-1)[where % slot.numel()] += 1.0
+    ref_args = {n: case.tensors[n].view(before[n]) for n in case.tensors}
+    ref_args.update(case.scalars)
+    ref = kda.reference64(ref_args)
+    if corruption == "overflow" and ref["out"].numel():
+        ref["out"].view(-1)[0] = float("inf")
+    masks = kda._masks(case, kwargs, bases, ref)
+    fast = kda._all_pass(kwargs, before, bases, ref, masks)
+    try:
+        slow = kda._diagnose(kwargs, before, bases, ref, masks) is None
+    except kda.Unjudgeable:
+        slow = False
+    event(f"{corruption}: {'pass' if fast else 'fail'}")
+    assert fast == slow

@@ -10,6 +10,61 @@ SOFTPLUS_THRESHOLD = 20.0
 L2NORM_EPS = 1e-6
 
 
+def decode_terms(
+    mixed_qkv: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    scale: float,
+    initial_state: torch.Tensor,
+    ssm_state_indices: torch.Tensor,
+    use_qk_l2norm_in_kernel: bool,
+    lower_bound: float | None,
+    H: int,
+    compute_dtype: torch.dtype = torch.float32,
+) -> dict[str, torch.Tensor]:
+    """The step's intermediates for the rows with a non-negative slot index, in
+    ``compute_dtype``: ``rows``, ``slots``, ``q``/``k`` (expanded to HV heads, normalised
+    if asked), ``v``, ``a``, ``dt_bias``, ``A`` (``exp(A_log)``), ``g``, ``beta``, ``S0``
+    (the slots' state), ``S_dec`` (decayed), ``S`` (updated) and ``o`` ([R, HV, V]).
+
+    Inputs are not validated; nothing is written."""
+    cd = compute_dtype
+    HV, V, K = initial_state.shape[-3:]
+    idx = ssm_state_indices.to(torch.long)
+    rows = (idx >= 0).nonzero().squeeze(1)
+    slots = idx[rows]
+    R = rows.numel()
+
+    qkv = mixed_qkv[rows].to(cd)
+    q = qkv[:, : H * K].reshape(R, H, K).repeat_interleave(HV // H, dim=1)
+    k = qkv[:, H * K : 2 * H * K].reshape(R, H, K).repeat_interleave(HV // H, dim=1)
+    v = qkv[:, 2 * H * K : 2 * H * K + HV * V].reshape(R, HV, V)
+    if use_qk_l2norm_in_kernel:
+        q = q / torch.sqrt((q * q).sum(-1, keepdim=True) + L2NORM_EPS)
+        k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + L2NORM_EPS)
+
+    a_rows = a[rows].to(cd).reshape(R, HV, K)
+    dt = dt_bias.to(cd).reshape(HV, K)
+    x = a_rows + dt
+    A = torch.exp(A_log.to(cd)).reshape(HV, 1)
+    if lower_bound is None:
+        softplus = torch.where(x <= SOFTPLUS_THRESHOLD, torch.log1p(torch.exp(x)), x)
+        g = -A * softplus
+    else:
+        g = lower_bound * torch.sigmoid(A * x)
+    beta = torch.sigmoid(b[rows].to(cd))
+
+    S0 = initial_state[slots].to(cd)  # [R, HV, V, K]
+    S_dec = S0 * torch.exp(g).unsqueeze(2)
+    r = beta.unsqueeze(-1) * (v - torch.einsum("rhvk,rhk->rhv", S_dec, k))
+    S = S_dec + r.unsqueeze(-1) * k.unsqueeze(2)
+    o = torch.einsum("rhvk,rhk->rhv", S, q) * scale
+    return {"rows": rows, "slots": slots, "q": q, "k": k, "v": v, "a": a_rows, "dt_bias": dt,
+            "A": A, "g": g, "beta": beta, "S0": S0, "S_dec": S_dec, "S": S, "o": o}
+
+
 def reference_kda_packed_decode(
     mixed_qkv: torch.Tensor,
     a: torch.Tensor,
@@ -30,38 +85,12 @@ def reference_kda_packed_decode(
     Validates with the triton variant, so any positive K and V is accepted. Writes
     ``out`` and the named state slots in place and returns the caller's objects.
     """
-    _, H, HV, K, V = validate_packed_decode_inputs(
+    _, H, _, _, _ = validate_packed_decode_inputs(
         mixed_qkv, a, b, A_log, dt_bias, initial_state, out, ssm_state_indices, "triton"
     )
-    cd = compute_dtype
-    idx = ssm_state_indices.to(torch.long)
-    rows = (idx >= 0).nonzero().squeeze(1)
-    slots = idx[rows]
-    R = rows.numel()
-
-    qkv = mixed_qkv[rows].to(cd)
-    q = qkv[:, : H * K].reshape(R, H, K).repeat_interleave(HV // H, dim=1)
-    k = qkv[:, H * K : 2 * H * K].reshape(R, H, K).repeat_interleave(HV // H, dim=1)
-    v = qkv[:, 2 * H * K : 2 * H * K + HV * V].reshape(R, HV, V)
-    if use_qk_l2norm_in_kernel:
-        q = q / torch.sqrt((q * q).sum(-1, keepdim=True) + L2NORM_EPS)
-        k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + L2NORM_EPS)
-
-    x = a[rows].to(cd).reshape(R, HV, K) + dt_bias.to(cd).reshape(HV, K)
-    A = torch.exp(A_log.to(cd)).reshape(HV, 1)
-    if lower_bound is None:
-        softplus = torch.where(x <= SOFTPLUS_THRESHOLD, torch.log1p(torch.exp(x)), x)
-        g = -A * softplus
-    else:
-        g = lower_bound * torch.sigmoid(A * x)
-    beta = torch.sigmoid(b[rows].to(cd))
-
-    S = initial_state[slots].to(cd) * torch.exp(g).unsqueeze(2)  # [R, HV, V, K]
-    r = beta.unsqueeze(-1) * (v - torch.einsum("rhvk,rhk->rhv", S, k))
-    S = S + r.unsqueeze(-1) * k.unsqueeze(2)
-    o = torch.einsum("rhvk,rhk->rhv", S, q) * scale
-
+    t = decode_terms(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, ssm_state_indices,
+                     use_qk_l2norm_in_kernel, lower_bound, H, compute_dtype)
     out.zero_()
-    out[rows, 0] = o.to(out.dtype)
-    initial_state[slots] = S.to(initial_state.dtype)
+    out[t["rows"], 0] = t["o"].to(out.dtype)
+    initial_state[t["slots"]] = t["S"].to(initial_state.dtype)
     return out, initial_state

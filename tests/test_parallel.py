@@ -1,0 +1,48 @@
+"""Parallel campaigns: the plan dealt to jobs, merged reports, stop on the first failure."""
+
+from __future__ import annotations
+
+from kda_fuzz.contracts import get_contract
+from kda_fuzz.parallel import parallel_campaign
+from kda_fuzz.runner import campaign, deal, load_target, plan
+
+KDA = get_contract("kda")
+REFERENCE = "kernels.kda_decode:reference_kda_packed_decode"
+
+
+def test_deal_gives_every_arm_to_exactly_one_job() -> None:
+    for jobs in (1, 2, 3, 7):
+        arms = plan(KDA, "triton", 400, seed=3, parts=jobs)
+        dealt = [deal(arms, j, jobs) for j in range(jobs)]
+        indices = sorted(a.index for d in dealt for a in d)
+        assert indices == list(range(len(arms)))
+        # every job gets valid examples (the valid arm is split into one part per job)
+        assert all(any(a.name.startswith("valid") for a in d) for d in dealt)
+        assert sum(a.examples for a in arms) == 400
+
+
+def test_jobs_run_the_same_examples_as_one_campaign() -> None:
+    """Same seed: two jobs judge exactly the examples one job would (arms are seeded by
+    their place in the plan), and the merged report adds up."""
+    single = campaign(KDA, "triton", [load_target(REFERENCE)], max_examples=120, seed=5,
+                      budget=1 << 12, job=(0, 1))
+    # each job in this process, then the two as processes
+    parts = [campaign(KDA, "triton", [load_target(REFERENCE)], max_examples=120, seed=5,
+                      budget=1 << 12, job=(j, 2)) for j in range(2)]
+    report, _ = parallel_campaign("kda", "triton", [REFERENCE], 2, max_examples=120, seed=5,
+                                  budget=1 << 12, minimize=False)
+    assert not report.failures
+    assert report.examples == 120 == single.examples
+    assert report.checks_hit == parts[0].checks_hit + parts[1].checks_hit
+    assert report.valid_cases == parts[0].valid_cases + parts[1].valid_cases
+    assert report.broken_cases == single.broken_cases
+
+
+def test_a_failure_stops_the_other_jobs_and_comes_back_on_the_cpu() -> None:
+    report, _ = parallel_campaign("kda", "triton", ["tests.mutants:new_out"], 2,
+                                  max_examples=4000, seed=1, budget=1 << 12, valid_share=0.5)
+    assert report.failures
+    assert report.examples < 4000
+    for f in report.failures:
+        assert f.verdict.what == "returned-objects"
+        assert all(t.device.type in ("cpu", "meta") for t in f.case.tensors.values())
