@@ -67,11 +67,11 @@ def _judge_error(contract: Contract, case: Case, exp: Expectation,
                  error: BaseException | None, mutated: list[str]) -> Verdict | None:
     if error is None:
         return Verdict("contract", "accepted-broken-layout",
-                       f"returned normally; expected it to {exp.describe()}",
+                       f"returned normally; expected: it {exp.describe()}",
                        check=exp.check, message=exp.message)
     if not isinstance(error, contract.exception):
         return Verdict("contract", "wrong-exception-type",
-                       f"raised {type(error).__name__}: {error}; expected it to "
+                       f"raised {type(error).__name__}: {error}; expected: it "
                        f"{exp.describe()}", check=exp.check, message=exp.message)
     got = str(error)
     if exp.message is not None and got != exp.message:

@@ -523,8 +523,13 @@ def _k_at_least_two(draw: Callable, p: KdaLayout) -> KdaLayout:
 
 
 def _degenerate(draw: Callable, p: KdaLayout) -> KdaLayout:
-    which = draw(st.sampled_from(("K", "V", "HV", "H")))
+    # V or HV of 0 passes every check; K or H of 0 leaves no q/k segment (check 20).
+    which = draw(st.sampled_from(("V", "HV", "K", "H")))
     return replace(p, **{which: 0})
+
+
+def _zero_k(draw: Callable, p: KdaLayout) -> KdaLayout:
+    return replace(p, K=0)
 
 
 def _bad_heads(p: KdaLayout) -> list[int]:
@@ -600,6 +605,9 @@ BREAKAGES: tuple[Breakage, ...] = (
     Breakage("state-padded-inner", None, _state_inner_stride, semantic=True),
     Breakage("indices-strided", None, _indices_strided, semantic=True),
     Breakage("zero-size", None, rebuild=_degenerate, semantic=True),
+    # K = 0 behind a q/k segment that passes check 20: check 21 then divides by K.
+    Breakage("zero-K-behind-qk", None, _width("zero-K-behind-qk", lambda p: [
+        2 * h + p.HV * p.V for h in (1, 2, 3, 8)]), rebuild=_zero_k, semantic=True),
 )
 
 
