@@ -14,7 +14,7 @@ project×N: the same campaign dealt to N jobs (processes) sharing the GPU, each 
 Prints examples/s, verified rows/s and the share of wall time spent in compilation
 (first call of each distinct argument signature minus a steady launch time).
 
-    python benchmarks/gpu_throughput.py [--seconds 60] [--naive-seconds 30] [--jobs 4]
+    python benchmarks/gpu_throughput.py [--seconds 60] [--naive-seconds 30] [--jobs 8]
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def main() -> None:
     ap.add_argument("--contract", default="helion")
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--naive-seconds", type=float, default=30.0)
-    ap.add_argument("--jobs", default="4",
+    ap.add_argument("--jobs", default="8",
                     help="jobs of the parallel project mode (comma-separated: one run each)")
     ap.add_argument("--families", type=int, default=3,
                     help="compile families per job in project mode")

@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run targets in this process (faster; an abort or hang ends the run)")
     f.add_argument("--jobs", "-j", default="1", metavar="N|auto",
                    help="campaign jobs in parallel processes, each with its own seed and "
-                        "compile families (auto: 4 per GPU on cuda, one per core on cpu; "
+                        "compile families (auto: 8 per GPU on cuda, one per core on cpu; "
                         "default 1)")
     r = sub.add_parser("replay", help="replay saved corpus files against a target")
     _common(r)

@@ -22,7 +22,8 @@ from typing import Any
 
 from .runner import Report
 
-JOBS_PER_GPU = 4  # jobs (or xdist workers) sharing one GPU
+JOBS_PER_GPU = 4  # xdist workers sharing one GPU
+CAMPAIGN_JOBS_PER_GPU = 8  # ``--jobs auto``: campaign jobs sharing one GPU (H200 figures)
 PROGRESS_EVERY = 0.25  # seconds between a job's progress messages
 
 
@@ -42,15 +43,15 @@ def claim_device(device: str, slot: int, per_gpu: int = JOBS_PER_GPU) -> str:
 
 
 def auto_jobs(device: str) -> int:
-    """Jobs for ``--jobs auto``: ``JOBS_PER_GPU`` per GPU in use on cuda, one per CPU core
-    on cpu; never more than the CPU cores."""
+    """Jobs for ``--jobs auto``: ``CAMPAIGN_JOBS_PER_GPU`` per GPU in use on cuda, one per
+    CPU core on cpu; never more than the CPU cores."""
     cpus = os.cpu_count() or 1
     if not device.startswith("cuda"):
         return cpus
     import torch
 
     gpus = 1 if ":" in device else max(1, torch.cuda.device_count())
-    return max(1, min(cpus, JOBS_PER_GPU * gpus))
+    return max(1, min(cpus, CAMPAIGN_JOBS_PER_GPU * gpus))
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,8 @@ def _run_job(job: Job, progress: Any, stop: Any, results: Any) -> None:
         from .contracts import get_contract
         from .runner import Target, campaign, load_target
 
-        device = claim_device(job.device, job.index, min(job.jobs, JOBS_PER_GPU))
+        gpus = torch.cuda.device_count() if job.device == "cuda" else 1
+        device = claim_device(job.device, job.index, -(-job.jobs // max(1, gpus)))
         if not device.startswith("cuda"):
             from kernels.kda_decode import _execution
 

@@ -98,9 +98,12 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     shared per device), not one per CPU core."""
     if not kda_device(config).startswith("cuda"):
         return None
-    from .parallel import auto_jobs
+    import torch
 
-    return auto_jobs("cuda")
+    from .parallel import JOBS_PER_GPU
+
+    cpus = os.cpu_count() or 1
+    return max(1, min(cpus, JOBS_PER_GPU * max(1, torch.cuda.device_count())))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

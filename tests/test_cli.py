@@ -45,7 +45,23 @@ def test_usage_errors_exit_2() -> None:
                  ["fuzz", "--target", "missing_colon"],
                  ["fuzz", "--contract", "cuda-graphs"],
                  ["fuzz", "--max-examples", "0"],
+                 ["fuzz", "--jobs", "0"],
+                 ["fuzz", "--jobs", "many"],
                  ["fuzz", "--bogus-flag"]):
         r = _run(*args)
         assert r.returncode == 2, (args, r.stdout, r.stderr)
         assert r.stderr.strip(), args
+
+
+def test_parallel_jobs_survive_an_aborting_target_and_save_it(tmp_path: Path) -> None:
+    """`--jobs 2`: the job whose isolated target aborts reports it, the campaign exits 1
+    and the case is saved as a crash- corpus file."""
+    r = _run("fuzz", "--target", "tests.hostile_targets:aborts_on_padding", "--contract",
+             "triton", "--jobs", "2", "--max-examples", "100", "--seed", "1", "--json",
+             "--corpus", str(tmp_path))
+    assert r.returncode == 1, r.stderr
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert summary["failures"] >= 1
+    assert {d["kind"] for d in summary["failure_details"]} == {"crash"}
+    saved = sorted(p.name for p in tmp_path.glob("crash-*.json"))
+    assert saved and len(saved) == len(summary["saved"])

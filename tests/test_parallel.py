@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kda_fuzz.contracts import get_contract
 from kda_fuzz.parallel import parallel_campaign
-from kda_fuzz.runner import campaign, deal, load_target, plan
+from kda_fuzz.runner import deal, plan
 
 KDA = get_contract("kda")
 REFERENCE = "kernels.kda_decode:reference_kda_packed_decode"
@@ -21,21 +21,19 @@ def test_deal_gives_every_arm_to_exactly_one_job() -> None:
         assert sum(a.examples for a in arms) == 400
 
 
-def test_jobs_run_the_same_examples_as_one_campaign() -> None:
-    """Same seed: two jobs judge exactly the examples one job would (arms are seeded by
-    their place in the plan), and the merged report adds up."""
-    single = campaign(KDA, "triton", [load_target(REFERENCE)], max_examples=120, seed=5,
-                      budget=1 << 12, job=(0, 1))
-    # each job in this process, then the two as processes
-    parts = [campaign(KDA, "triton", [load_target(REFERENCE)], max_examples=120, seed=5,
-                      budget=1 << 12, job=(j, 2)) for j in range(2)]
-    report, _ = parallel_campaign("kda", "triton", [REFERENCE], 2, max_examples=120, seed=5,
-                                  budget=1 << 12, minimize=False)
+def test_jobs_run_the_plan_of_one_campaign() -> None:
+    """Two jobs run exactly the examples the campaign's plan holds, valid and broken, and
+    the merged report adds them up."""
+    arms = plan(KDA, "triton", 120, seed=5, budget=1 << 12, parts=2)
+    planned_valid = sum(a.examples for a in arms if not a.name.startswith("broken:"))
+    report, per_job = parallel_campaign("kda", "triton", [REFERENCE], 2, max_examples=120,
+                                        seed=5, budget=1 << 12, minimize=False)
     assert not report.failures
-    assert report.examples == 120 == single.examples
-    assert report.checks_hit == parts[0].checks_hit + parts[1].checks_hit
-    assert report.valid_cases == parts[0].valid_cases + parts[1].valid_cases
-    assert report.broken_cases == single.broken_cases
+    assert len(per_job) == 2 and all(job["seconds"] > 0 for job in per_job)
+    assert report.examples == 120
+    assert report.valid_cases == planned_valid
+    assert report.broken_cases + sum(report.validation_gaps.values()) == 120 - planned_valid
+    assert sum(report.checks_hit.values()) == report.broken_cases
 
 
 def test_a_failure_stops_the_other_jobs_and_comes_back_on_the_cpu() -> None:
