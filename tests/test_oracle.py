@@ -235,3 +235,21 @@ def test_fast_path_agrees_with_the_ordered_diagnosis(layout: Case, corruption: s
         slow = False
     event(f"{corruption}: {'pass' if fast else 'fail'}")
     assert fast == slow
+
+
+def test_a_scale_subnormal_in_float32_is_within_tolerance() -> None:
+    """A float64 scale of 5.6e-44 is a float32 subnormal (40 times 2^-149): a float32
+    kernel's result differs from the float64 reference by that rounding, not by a bug.
+    Found by the CI fuzz test of the Triton kernel."""
+    from kernels.kda_decode import fused_recurrent_kda_packed_decode
+
+    p = KdaLayout(B=1, H=1, HV=1, K=1, V=1, scale=5.578987510632595e-44,
+                  values=Values(state_scale=10.0), seed=0)
+    case = build(p, "triton")
+    outcome = run_case(KDA, case, fused_recurrent_kda_packed_decode)
+    assert outcome.status == "pass", outcome.verdict
+
+    def doubled_scale(*args):  # the bound stays tight: a wrong scale is still caught
+        return fused_recurrent_kda_packed_decode(*args[:5], 2 * args[5], *args[6:])
+
+    assert run_case(KDA, case, doubled_scale).status == "fail"

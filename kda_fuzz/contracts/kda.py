@@ -3,11 +3,13 @@
 Checks 1-22 with their exact messages, the derived values they use, the holes that
 must still raise, and the differential oracle with its tolerance policy:
 
-* reference: ``reference_kda_packed_decode`` in float64 on the same (upcast) inputs;
+* reference: the terms of ``reference_kda_packed_decode`` (``decode_terms``) in float64
+  on the same (upcast) inputs, with the bounds computed from them in the same pass;
 * per element, |got - ref| <= bound, where the bound is a forward error estimate of
   float32 arithmetic built from the magnitudes of the terms (gamma = 8 (K + 16) 2^-24
-  per accumulated product, the gate's sensitivity for exp(g)), plus one rounding of the
-  stored dtype (its eps times |ref|) and the dtype's subnormal spacing. Float32 done
+  per accumulated product, the gate's sensitivity for exp(g), the float32 rounding of
+  ``scale``, subnormal included), plus one rounding of the stored dtype (its eps times
+  |ref|) and the dtype's subnormal spacing. Float32 done
   right sits orders of magnitude inside it; one bf16/fp16 rounding of an intermediate
   (eps 2^-8 / 2^-11) lands outside it;
 * padding rows exactly 0 (``out`` is pre-filled with NaN); every state element outside
@@ -15,7 +17,7 @@ must still raise, and the differential oracle with its tolerance policy:
   the returned pair ``is`` the caller's ``(out, initial_state)``.
 
 Layouts whose float64 result does not fit the stored dtype (more than half its max) are
-not judged numerically (counted as ``overflow_skips``).
+not judged numerically (counted as ``skipped_unjudgeable``).
 """
 
 from __future__ import annotations
@@ -169,11 +171,15 @@ def reference64(args: dict[str, Any]) -> dict[str, torch.Tensor]:
                + tiny32 * (S0 + 1))
     new_state, o = t["S"], t["o"]
     sc = abs(float(args["scale"]))
+    # scale itself is rounded to float32: by 2^-24 relative, or by up to the subnormal
+    # spacing 2^-149 when it is tiny (a float64 scale of 1e-44 is subnormal in float32).
+    sc_ulp = max(sc * _U32, 2.0**-149)
+    Sq = torch.einsum("rhvk,rhk->rhv", new_state.abs(), q_abs)
     e_out = sc * (
         torch.einsum("rhvk,rhk->rhv", e_state, q_abs)
-        + gamma * torch.einsum("rhvk,rhk->rhv", new_state.abs(), q_abs)
+        + gamma * Sq
         + tiny32 * (1 + q_abs.sum(-1, keepdim=True))
-    )
+    ) + sc_ulp * Sq
     return {
         "rows": t["rows"],
         "slots": t["slots"],
