@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+DEFAULT_CORPUS = os.path.join("corpus", "found")  # collected by the pytest plugin
 
 
 class UsageError(Exception):
@@ -39,8 +40,12 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--max-examples", type=int, default=300,
                    help="examples in the campaign (default 300)")
     f.add_argument("--seed", type=int, default=None, help="seed for a reproducible campaign")
-    f.add_argument("--corpus", default=None, metavar="DIR",
-                   help="save the minimized failing case into DIR")
+    f.add_argument("--corpus", default=DEFAULT_CORPUS, metavar="DIR",
+                   help="save each minimized failing case into DIR, where pytest replays "
+                        f"it (default: {DEFAULT_CORPUS}, relative to the current directory)")
+    f.add_argument("--no-save", action="store_true",
+                   help="do not save failing cases into a corpus (an isolated target's case "
+                        "in flight still goes to a temporary folder)")
     f.add_argument("--budget", type=int, default=None,
                    help="max B*HV*V*K elements per valid case (default: 2^18 on cpu, "
                         "2^13 for the project's interpreted kernels, 2^24 on cuda)")
@@ -130,6 +135,9 @@ def _fuzz(args: argparse.Namespace) -> int:
     _prepare_device(args.device)
     targets = _targets(args, contract)
     jobs = _jobs(args)
+    if args.no_save:
+        args.corpus = None
+    made = _missing_dirs(_inflight_dir(args.corpus))
     options: dict[str, Any] = dict(
         device=args.device, max_examples=args.max_examples, seed=args.seed,
         valid_share=args.valid_share, shrink_seconds=args.shrink_seconds,
@@ -152,9 +160,9 @@ def _fuzz(args: argparse.Namespace) -> int:
             f.saved = str(save_failure(f, args.corpus, contract=contract, seed=args.seed))
             report.saved.append(f.saved)
         shutil.rmtree(_inflight_dir(args.corpus), ignore_errors=True)  # saved for good now
-    inflight = _inflight_dir(args.corpus)
-    if os.path.isdir(inflight) and not os.listdir(inflight):
-        os.rmdir(inflight)
+    for d in made:  # folders this run made (the in-flight one, the corpus) if left empty
+        if os.path.isdir(d) and not os.listdir(d):
+            os.rmdir(d)
     _print_report(report, args.json)
     return EXIT_FAILURE if report.failures else EXIT_OK
 
@@ -192,6 +200,16 @@ def _jobs(args: argparse.Namespace) -> int:
     if jobs < 1:
         raise UsageError(f"--jobs must be a positive integer or auto, not {args.jobs!r}")
     return jobs
+
+
+def _missing_dirs(path: str) -> list[str]:
+    """``path`` and those of its parents that do not exist yet, deepest first."""
+    out = []
+    path = os.path.abspath(path)
+    while not os.path.exists(path):
+        out.append(path)
+        path = os.path.dirname(path)
+    return out
 
 
 def _inflight_dir(corpus: str | None) -> str:

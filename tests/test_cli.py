@@ -17,10 +17,11 @@ def _run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600)
 
 
-def test_correct_target_exits_0_with_json_summary() -> None:
+def test_correct_target_exits_0_with_json_summary(tmp_path: Path) -> None:
     r = _run("fuzz", "--target", "tests.mutants:correct_triton", "--contract", "triton",
-             "--max-examples", "60", "--seed", "1", "--json")
+             "--max-examples", "60", "--seed", "1", "--json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
+    assert not (tmp_path / "corpus").exists()  # nothing found, no folder left behind
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     assert summary["failures"] == 0
     assert summary["examples"] == 60
@@ -30,13 +31,26 @@ def test_correct_target_exits_0_with_json_summary() -> None:
     assert summary["valid_cases"] > 0 and summary["broken_cases"] > 0
 
 
-def test_buggy_target_exits_1_and_reports(tmp_path: Path) -> None:
+def test_buggy_target_exits_1_and_saves_into_corpus_found(tmp_path: Path) -> None:
+    """Without --corpus the minimized case goes to corpus/found under the current
+    directory, where the pytest plugin collects it."""
     r = _run("fuzz", "--target", "tests.mutants:pad_wrap", "--contract", "triton",
-             "--max-examples", "300", "--seed", "1", "--json")
+             "--max-examples", "300", "--seed", "1", "--json", cwd=tmp_path)
     assert r.returncode == 1, r.stderr
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     assert summary["failures"] == 1
     assert summary["failure_details"][0]["kind"] == "mismatch"
+    saved = list((tmp_path / "corpus" / "found").glob("mismatch-*.json"))
+    assert [str(p.relative_to(tmp_path)) for p in saved] == summary["saved"]
+    assert not (tmp_path / "corpus" / "found" / ".inflight").exists()
+
+
+def test_no_save_writes_no_corpus(tmp_path: Path) -> None:
+    r = _run("fuzz", "--target", "tests.mutants:pad_wrap", "--contract", "triton",
+             "--max-examples", "300", "--seed", "1", "--json", "--no-save", cwd=tmp_path)
+    assert r.returncode == 1, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1])["saved"] == []
+    assert not (tmp_path / "corpus").exists()
 
 
 def test_usage_errors_exit_2() -> None:
