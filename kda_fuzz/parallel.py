@@ -152,8 +152,9 @@ def parallel_campaign(
     """Run one campaign's plan as ``jobs`` worker processes and merge their reports.
 
     Every job plans the whole campaign from the same seed (a random one when ``seed`` is
-    None) and runs its dealt share of the arms (``runner.deal``): the examples are those
-    of a one-job campaign, and each compile family is compiled by one job only.
+    None) and runs its dealt share of the arms (``runner.deal``): the plan is that of a
+    one-job campaign, and each compile family is compiled by one job only (there are
+    at least ``jobs`` families when ``families`` is set, so that every job has one).
     ``targets``/``peers`` are ``MODULE:CALLABLE`` specs; ``options`` go to every job's
     ``campaign`` (``max_seconds`` is each job's own deadline). ``wrap``, a picklable
     callable, wraps each target in the jobs. Also returns, per job, its campaign's
@@ -168,7 +169,7 @@ def parallel_campaign(
     specs = [
         Job(j, jobs, contract, variant, tuple(targets), tuple(peers or ()), device, minimize,
             wrap, {**options, "seed": base, "max_examples": max_examples,
-                   "families": families, "job": (j, jobs)})
+                   "families": max(families, jobs) if families else 0, "job": (j, jobs)})
         for j in range(jobs)
     ]
     # Not daemons: a job may start its own isolated-target workers. Ended in ``finally``.

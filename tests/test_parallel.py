@@ -19,6 +19,10 @@ def test_deal_gives_every_arm_to_exactly_one_job() -> None:
         # every job gets valid examples (the valid arm is split into one part per job)
         assert all(any(a.name.startswith("valid") for a in d) for d in dealt)
         assert sum(a.examples for a in arms) == 400
+    # with compile families, each job gets its own
+    arms = plan(KDA, "helion", 400, seed=3, families=3, max_b=64)
+    dealt = [[a.name for a in deal(arms, j, 3) if a.name.startswith("valid")] for j in range(3)]
+    assert sorted(map(len, dealt)) == [1, 1, 1] and len({d[0] for d in dealt}) == 3
 
 
 def test_jobs_run_the_plan_of_one_campaign() -> None:
