@@ -69,9 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--no-isolate", action="store_true",
                    help="run targets in this process (faster; an abort or hang ends the run)")
     f.add_argument("--jobs", "-j", default="1", metavar="N|auto",
-                   help="campaign jobs in parallel processes, each with its own seed and "
-                        "compile families (auto: 8 per GPU on cuda, one per core on cpu; "
-                        "default 1)")
+                   help="run the campaign's plan as N processes, each with its share of "
+                        "the breakage strata and compile families (auto: 8 per GPU on "
+                        "cuda, one per core on cpu; default 1)")
     r = sub.add_parser("replay", help="replay saved corpus files against a target")
     _common(r)
     r.add_argument("paths", nargs="+", metavar="PATH", help="corpus files or folders")

@@ -27,16 +27,24 @@ CAMPAIGN_JOBS_PER_GPU = 8  # ``--jobs auto``: campaign jobs sharing one GPU (H20
 PROGRESS_EVERY = 0.25  # seconds between a job's progress messages
 
 
+def device_for(device: str, slot: int) -> str:
+    """The device of worker ``slot``: for ``cuda`` GPU ``slot mod n``; ``cuda:i`` and
+    ``cpu`` as given."""
+    if device != "cuda":
+        return device
+    import torch
+
+    return f"cuda:{slot % max(1, torch.cuda.device_count())}"
+
+
 def claim_device(device: str, slot: int, per_gpu: int = JOBS_PER_GPU) -> str:
-    """The device of worker ``slot``: for ``cuda`` GPU ``slot mod n`` (``cuda:i`` as
-    given), made current and capped to ``0.9 / per_gpu`` of its memory so that
-    ``per_gpu`` workers cannot exhaust it; ``cpu`` as is."""
+    """``device_for(device, slot)``; a GPU is made current and capped to ``0.9 / per_gpu``
+    of its memory so that ``per_gpu`` workers cannot exhaust it."""
+    device = device_for(device, slot)
     if not device.startswith("cuda"):
         return device
     import torch
 
-    if device == "cuda":
-        device = f"cuda:{slot % max(1, torch.cuda.device_count())}"
     torch.cuda.set_device(device)
     torch.cuda.set_per_process_memory_fraction(0.9 / per_gpu)
     return device

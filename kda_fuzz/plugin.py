@@ -69,15 +69,10 @@ def kda_device(config: pytest.Config) -> str:
 
 def device_name(config: pytest.Config) -> str:
     """``cpu`` or ``cuda[:i]``: under xdist, worker i uses GPU i mod n."""
-    dev = kda_device(config)
-    if dev == "cuda":
-        import torch
+    from .parallel import device_for
 
-        n = torch.cuda.device_count()
-        worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
-        idx = int(worker[2:]) if worker[2:].isdigit() else 0
-        dev = f"cuda:{idx % max(n, 1)}"
-    return dev
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return device_for(kda_device(config), int(worker[2:]) if worker[2:].isdigit() else 0)
 
 
 @pytest.fixture(scope="session")
@@ -88,8 +83,7 @@ def kda_device_name(request: pytest.FixtureRequest) -> str:
     workers sharing one GPU cannot exhaust it."""
     from .parallel import claim_device
 
-    dev = device_name(request.config)
-    return claim_device(dev, 0) if dev.startswith("cuda") else dev
+    return claim_device(device_name(request.config), 0)
 
 
 @pytest.hookimpl(optionalhook=True)

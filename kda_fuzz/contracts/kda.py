@@ -190,12 +190,6 @@ def reference64(args: dict[str, Any]) -> dict[str, torch.Tensor]:
     }
 
 
-def _fits(t: torch.Tensor, dtype: torch.dtype) -> bool:
-    return bool(torch.isfinite(t).all()) and (
-        t.numel() == 0 or float(t.abs().max()) <= 0.5 * torch.finfo(dtype).max
-    )
-
-
 def _compare(name: str, got: torch.Tensor, ref: torch.Tensor,
              bound: torch.Tensor) -> Verdict | None:
     err = (got.to(torch.float64) - ref).abs()
@@ -255,7 +249,8 @@ def _within(got: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor) -> torch.
     return ((got.to(torch.float64) - ref).abs() <= bound).all()
 
 
-def _fits_t(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def _fits(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Finite and within half the range of ``dtype`` (a device boolean)."""
     if t.numel() == 0:
         return torch.ones((), dtype=torch.bool, device=t.device)
     return torch.isfinite(t).all() & (t.abs().amax() <= 0.5 * torch.finfo(dtype).max)
@@ -267,7 +262,7 @@ def _all_pass(kwargs: dict[str, Any], before: dict[str, torch.Tensor],
     """Every rule of ``_diagnose`` at once, as device booleans read back together."""
     out, state = kwargs["out"], kwargs["initial_state"]
     flags = [(_bits(before[n]) == _bits(after[n])).all() for n in READ_ONLY]
-    flags += [_fits_t(ref["out"], out.dtype), _fits_t(ref["state"], state.dtype)]
+    flags += [_fits(ref["out"], out.dtype), _fits(ref["state"], state.dtype)]
     flags.append(((_bits(after["out"]) == _bits(before["out"])) | ~masks["guard"]).all())
     flags.append(((out == 0).flatten(1).all(1) | ~masks["pad"]).all())
     flags.append(_within(out[ref["rows"], 0], ref["out"], ref["out_bound"]))
@@ -285,7 +280,7 @@ def _diagnose(kwargs: dict[str, Any], before: dict[str, torch.Tensor],
     for name in READ_ONLY:
         if not same_bits(before[name], after[name]):
             return Verdict("mismatch", f"mutated-{name}", f"read-only input `{name}` was modified")
-    if not (_fits(ref["out"], out.dtype) and _fits(ref["state"], state.dtype)):
+    if not bool(_fits(ref["out"], out.dtype) & _fits(ref["state"], state.dtype)):
         raise Unjudgeable("float64 result exceeds half the range of the stored dtype")
 
     # out: guard cells untouched, padding rows exactly zero, valid rows within bound.
