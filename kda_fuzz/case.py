@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+
+def footprint(shape: Sequence[int], stride: Sequence[int], offset: int = 0) -> int:
+    """Base elements a view of ``shape``/``stride`` at ``offset`` can reach (0 if empty)."""
+    if any(n == 0 for n in shape):
+        return 0
+    return offset + 1 + sum((n - 1) * abs(st) for n, st in zip(shape, stride))
 
 
 @dataclass(frozen=True)
@@ -36,9 +44,7 @@ class TensorArg:
 
     def footprint(self) -> int:
         """Number of base elements the view can reach (0 for an empty view)."""
-        if any(s == 0 for s in self.shape):
-            return 0
-        return self.offset + 1 + sum((n - 1) * abs(st) for n, st in zip(self.shape, self.stride))
+        return footprint(self.shape, self.stride, self.offset)
 
     def on(self, device: torch.device | str) -> TensorArg:
         """The same argument with its base moved to ``device``."""

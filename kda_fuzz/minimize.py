@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from .case import Case, TensorArg
+from .case import Case, TensorArg, footprint
 from .contract import Contract
 from .oracle import Outcome, expectation, run_case
 from .runner import fingerprint
@@ -64,12 +64,6 @@ def _sentinel(dtype: torch.dtype) -> float | int | bool:
     return min(INT_SENTINEL, torch.iinfo(dtype).max)
 
 
-def _footprint(shape: Sequence[int], stride: Sequence[int], offset: int) -> int:
-    if any(n == 0 for n in shape):
-        return 0
-    return offset + 1 + sum((n - 1) * s for n, s in zip(shape, stride))
-
-
 def _tail(arg: TensorArg) -> int:
     """Guard cells after the last element the view reaches."""
     return max(0, arg.base.numel() - max(arg.footprint(), arg.offset))
@@ -98,7 +92,7 @@ def _make(values: torch.Tensor | None, like: TensorArg, shape: Sequence[int],
     """A fresh argument: sentinel-filled base, the view written with ``values``."""
     dtype = dtype or like.dtype
     shape, stride = tuple(int(n) for n in shape), tuple(int(s) for s in stride)
-    size = max(_footprint(shape, stride, offset), offset) + tail
+    size = max(footprint(shape, stride, offset), offset) + tail
     if like.device.type == "meta":
         return TensorArg(torch.empty(size, dtype=dtype, device="meta"), shape, stride, offset)
     base = torch.full((size,), _sentinel(dtype), dtype=dtype, device=like.device)

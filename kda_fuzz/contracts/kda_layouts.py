@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 import torch
 from hypothesis import strategies as st
 
-from ..case import Case, TensorArg
+from ..case import Case, TensorArg, footprint
 
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -119,7 +119,7 @@ def strided_arg(shape: tuple[int, ...], dtype: torch.dtype, values: torch.Tensor
     """A ``TensorArg`` of ``shape``/``stride`` in a base with ``guard`` sentinel cells each side."""
     if stride is None:
         stride = torch.empty(shape, device="meta").stride() if shape else ()
-    foot = 0 if any(n == 0 for n in shape) else 1 + sum((n - 1) * s for n, s in zip(shape, stride))
+    foot = footprint(shape, stride)
     size = 2 * guard + foot
     if torch.device(device).type == "meta":
         return TensorArg(torch.empty(size, dtype=dtype, device="meta"), shape, stride, guard)
