@@ -16,6 +16,11 @@ from typing import Any
 import pytest
 import torch
 
+# The in-process pytester sessions below replay corpus files on these kernels. Pytester
+# drops the modules a session imports when the test ends, and triton's C extension cannot
+# be imported twice: importing them now, before any pytester fixture, keeps them loaded.
+import kernels.kda_decode.helion_kernel
+import kernels.kda_decode.triton_kernel  # noqa: F401
 from kda_fuzz.case import Case, TensorArg
 from kda_fuzz.cli import main as cli_main
 from kda_fuzz.contracts import get_contract
