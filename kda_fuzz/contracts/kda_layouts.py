@@ -127,12 +127,24 @@ def strided_arg(shape: tuple[int, ...], dtype: torch.dtype, values: torch.Tensor
     base = torch.full((size,), sentinel, dtype=dtype, device=device)
     arg = TensorArg(base, tuple(shape), tuple(stride), guard)
     if values is not None and foot:
-        view = arg.view()
-        if len(set(zip(view.stride(), view.shape))) == view.ndim and 0 not in stride:
-            view.copy_(values.reshape(shape).to(dtype))
-        else:  # overlapping view (a zero stride): fill the cells it reaches
-            base[guard : guard + foot] = values.flatten()[:foot].to(dtype).resize_(foot)
+        if not _overlaps(shape, stride):
+            arg.view().copy_(values.reshape(shape).to(dtype))
+        else:  # overlapping view (a zero stride): fill the cells it reaches, in base order
+            flat = values.flatten().to(dtype)
+            n = min(foot, flat.numel())
+            base[guard : guard + n] = flat[:n]
     return arg
+
+
+def _overlaps(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """Whether two indices of the view may reach one element (a sufficient test: each dim's
+    stride, in increasing order, clears the reach of the dims below it)."""
+    reach = 1
+    for s, n in sorted((s, n) for s, n in zip(stride, shape) if n > 1):
+        if s < reach:
+            return True
+        reach += (n - 1) * s
+    return False
 
 
 def _row_strided(gen: torch.Generator, rows: int, width: int, pad: int, dtype: torch.dtype,
