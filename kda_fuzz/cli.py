@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any
+
+from .oracle import EnvironmentFailure
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 DEFAULT_CORPUS = os.path.join("corpus", "found")  # collected by the pytest plugin
@@ -59,19 +61,33 @@ def build_parser() -> argparse.ArgumentParser:
                    help="do not round B up to powers of two with padding rows on cuda")
     f.add_argument("--valid-share", type=float, default=0.5,
                    help="share of examples spent on valid layouts (default 0.5)")
-    f.add_argument("--shrink-seconds", type=float, default=60.0,
-                   help="time allowed for Hypothesis' shrinking after a failure")
+    f.add_argument("--shrink-seconds", type=float, default=30.0,
+                   help="time allowed to minimize each distinct failure (default 30)")
+    f.add_argument("--max-failures", type=int, default=20, metavar="N",
+                   help="stop after N distinct failures (default 20); repeats of a known "
+                        "failure are counted, not kept")
+    f.add_argument("--max-seconds", type=float, default=None,
+                   help="stop the campaign after this many seconds (default: none)")
+    f.add_argument("--messages", choices=("exact", "class"), default="exact",
+                   help="exact (default): a broken layout must raise the contract's "
+                        "exception with the documented message of the first failing check; "
+                        "class: any message of the right exception type passes and wording "
+                        "differences are only counted (check order cannot be judged then)")
+    f.add_argument("--strict", action="store_true",
+                   help="hold targets to the hardened contract: degenerate layouts that the "
+                        "documented checks let through (HV = 0, V = 0) must raise too")
     f.add_argument("--timeout", type=float, default=60.0,
                    help="seconds a target may take on one case before it counts as a hang")
     f.add_argument("--peer", action="append", metavar="MODULE:CALLABLE",
                    help="peer mode: also judge this implementation and compare the first "
                         "target's outputs with it on every accepted layout (repeatable)")
     f.add_argument("--no-isolate", action="store_true",
-                   help="run targets in this process (faster; an abort or hang ends the run)")
+                   help="with one job, run targets in this process (an abort or hang ends "
+                        "the run); jobs of --jobs N are always supervised processes")
     f.add_argument("--jobs", "-j", default="1", metavar="N|auto",
-                   help="run the campaign's plan as N processes, each with its share of "
-                        "the breakage strata and compile families (auto: 8 per GPU on "
-                        "cuda, one per core on cpu; default 1)")
+                   help="run the campaign's plan as N supervised processes, each with its "
+                        "share of the breakage strata and compile families (auto: 8 per "
+                        "GPU on cuda, one per core on cpu; default 1)")
     r = sub.add_parser("replay", help="replay saved corpus files against a target")
     _common(r)
     r.add_argument("paths", nargs="+", metavar="PATH", help="corpus files or folders")
@@ -79,29 +95,46 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _prepare_device(device: str) -> None:
-    """Set up kernel execution for ``device`` before kernels are imported."""
-    if not device.startswith("cuda"):
+    """Check ``device`` and set up kernel execution for it before kernels are imported."""
+    m = re.fullmatch(r"cuda(?::(\d+))?", device)
+    if device != "cpu" and m is None:
+        raise UsageError(f"--device must be cpu or cuda[:N], not {device!r}")
+    if m is None:
         from kernels.kda_decode import _execution
 
         _execution.configure_cpu()
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UsageError(f"--device {device}: no CUDA device is available here (torch "
+                         f"{torch.__version__}, CUDA {torch.version.cuda or 'not built in'})")
+    if m.group(1) is not None and int(m.group(1)) >= torch.cuda.device_count():
+        raise UsageError(f"--device {device}: this machine has {torch.cuda.device_count()} "
+                         "CUDA device(s)")
 
 
 def _targets(args: argparse.Namespace, contract: Any) -> list[Any]:
-    from .runner import TargetError, default_targets, load_target
+    from .runner import TargetError, check_signature, default_targets, load_target
 
     try:
-        if args.target:
-            return [load_target(t) for t in args.target]
-        return default_targets(contract, args.contract)
+        targets = ([load_target(t) for t in args.target] if args.target
+                   else default_targets(contract, args.contract))
+        for t in targets:
+            check_signature(t, contract)
     except TargetError as e:
         raise UsageError(str(e)) from e
+    return targets
 
 
-def _peers(args: argparse.Namespace) -> list[Any]:
-    from .runner import TargetError, load_target
+def _peers(args: argparse.Namespace, contract: Any) -> list[Any]:
+    from .runner import TargetError, check_signature, load_target
 
     try:
-        return [load_target(p) for p in args.peer or ()]
+        peers = [load_target(p) for p in args.peer or ()]
+        for p in peers:
+            check_signature(p, contract)
+        return peers
     except TargetError as e:
         raise UsageError(str(e)) from e
 
@@ -115,54 +148,57 @@ def _contract(args: argparse.Namespace) -> Any:
             contract.checks_for(args.contract)
     except ValueError as e:
         raise UsageError(str(e)) from e
-    if not (args.device == "cpu" or args.device.startswith("cuda")):
-        raise UsageError(f"--device must be cpu or cuda[:N], not {args.device!r}")
     return contract
 
 
 def _fuzz(args: argparse.Namespace) -> int:
     from .progress import Progress
-    from .runner import campaign
+    from .runner import CampaignOptions, campaign
 
     args.contract = args.contract or "helion"
     contract = _contract(args)
     if args.max_examples < 1:
         raise UsageError("--max-examples must be at least 1")
+    if args.max_failures < 1:
+        raise UsageError("--max-failures must be at least 1")
     if not 0 <= args.valid_share <= 1:
         raise UsageError("--valid-share must be between 0 and 1")
     if args.timeout <= 0:
         raise UsageError("--timeout must be positive")
+    if args.max_seconds is not None and args.max_seconds <= 0:
+        raise UsageError("--max-seconds must be positive")
     _prepare_device(args.device)
     targets = _targets(args, contract)
+    peers = _peers(args, contract)
     jobs = _jobs(args)
+    options = dict(
+        device=args.device, max_examples=args.max_examples, seed=args.seed,
+        valid_share=args.valid_share, max_seconds=args.max_seconds,
+        max_failures=args.max_failures, messages=args.messages, strict=args.strict,
+        **_shaping(args))
+    with Progress(args.max_examples, enabled=not args.json) as progress:
+        if jobs == 1 and args.no_isolate:
+            report = campaign(contract, args.contract, targets, on_example=progress.update,
+                              minimize=_minimizer(contract, args.shrink_seconds), peers=peers,
+                              **options)
+        else:
+            from .parallel import Supervisor, minimize_failures
+
+            sup = Supervisor(args.family, args.contract, [t.name for t in targets], jobs,
+                             peers=[p.name for p in peers], timeout=args.timeout,
+                             options=CampaignOptions(**options), on_example=progress.update)
+            report = sup.run()
+            minimize_failures(contract, report.failures, device=args.device,
+                              timeout=args.timeout, shrink_seconds=args.shrink_seconds,
+                              workers=min(jobs, 4), messages=args.messages, strict=args.strict)
     if args.no_save:
         args.corpus = None
-    made = _missing_dirs(_inflight_dir(args.corpus))
-    options: dict[str, Any] = dict(
-        device=args.device, max_examples=args.max_examples, seed=args.seed,
-        valid_share=args.valid_share, shrink_seconds=args.shrink_seconds,
-        isolate=not args.no_isolate, timeout=args.timeout,
-        inflight_dir=_inflight_dir(args.corpus), **_shaping(args))
-    with Progress(args.max_examples, enabled=not args.json) as progress:
-        if jobs == 1:
-            report = campaign(contract, args.contract, targets, on_example=progress.update,
-                              minimize=_minimizer(contract), peers=_peers(args), **options)
-        else:
-            from .parallel import parallel_campaign
-
-            report, _ = parallel_campaign(
-                args.family, args.contract, [t.name for t in targets], jobs,
-                peers=[p.name for p in _peers(args)], on_example=progress.update, **options)
     if args.corpus and report.failures:
         from .corpus import save_failure
 
         for f in report.failures:
-            f.saved = str(save_failure(f, args.corpus, contract=contract, seed=args.seed))
+            f.saved = str(save_failure(f, args.corpus, contract=contract, seed=report.seed))
             report.saved.append(f.saved)
-        shutil.rmtree(_inflight_dir(args.corpus), ignore_errors=True)  # saved for good now
-    for d in made:  # folders this run made (the in-flight one, the corpus) if left empty
-        if os.path.isdir(d) and not os.listdir(d):
-            os.rmdir(d)
     _print_report(report, args.json)
     return EXIT_FAILURE if report.failures else EXIT_OK
 
@@ -202,30 +238,11 @@ def _jobs(args: argparse.Namespace) -> int:
     return jobs
 
 
-def _missing_dirs(path: str) -> list[str]:
-    """``path`` and those of its parents that do not exist yet, deepest first."""
-    out = []
-    path = os.path.abspath(path)
-    while not os.path.exists(path):
-        out.append(path)
-        path = os.path.dirname(path)
-    return out
-
-
-def _inflight_dir(corpus: str | None) -> str:
-    """Where the case in flight is written before each isolated call."""
-    if corpus:
-        return os.path.join(corpus, ".inflight")
-    import tempfile
-
-    return os.path.join(tempfile.gettempdir(), f"kda-fuzz-inflight-{os.getpid()}")
-
-
-def _minimizer(contract: Any) -> Any:
+def _minimizer(contract: Any, seconds: float = 30.0) -> Any:
     from .minimize import minimize_with_verdict
 
     return lambda case, target, verdict, run: minimize_with_verdict(
-        contract, case, target.fn, verdict, run=run)
+        contract, case, target.fn, verdict, run=run, seconds=seconds)
 
 
 def _print_report(report: Any, as_json: bool) -> None:
@@ -261,6 +278,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _replay(args)
     except UsageError as e:
         print(f"kda-fuzz: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except EnvironmentFailure as e:  # the machinery that runs targets, not a target
+        print(f"kda-fuzz: environment error (not a verdict on the target): {e}",
+              file=sys.stderr)
         return EXIT_USAGE
     except Exception as e:  # a bug of kda-fuzz itself: never reported as a target failure
         import traceback

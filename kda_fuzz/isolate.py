@@ -1,10 +1,14 @@
-"""Run targets in a worker process, so an abort, a hard fault or a hang ends one case only.
+"""Judge single cases in a worker process, so an abort, a hard fault or a hang ends one
+case only: the path of corpus replay (``crash-``/``timeout-``/``flaky-`` files) and of
+minimizing a failure found by a supervised campaign (campaigns themselves run their whole
+loop in supervised job processes, see :mod:`kda_fuzz.parallel`).
 
-The worker imports the target by its ``MODULE:CALLABLE`` name and judges each case with
-``run_case`` itself; the parent sends cases through a pipe (in-memory IPC between this
-project's own processes; nothing is read back from files). A worker that dies yields a
-``crash`` verdict, one that does not answer within the timeout is killed and yields a
-``timeout`` verdict; either way a fresh worker takes the next case.
+The worker is spawned (never forked: a fork of a process whose torch thread pool runs
+can deadlock in its first parallel op), imports the target by its ``MODULE:CALLABLE``
+name and judges each case with ``run_case`` itself; the parent sends cases through a
+pipe. A worker that dies yields a ``crash`` verdict, one that does not answer within the
+timeout is killed and yields a ``timeout`` verdict; either way a fresh worker takes the
+next case.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import faulthandler
 import multiprocessing as mp
 import os
 import signal
+import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -20,12 +25,16 @@ import torch
 
 from .case import Case
 from .contract import Contract
-from .oracle import Outcome, expectation
+from .oracle import EnvironmentFailure, Outcome, expectation
 from .verdict import Verdict
 
 
-def _worker(conn: Connection, family: str, target: str, device: str) -> None:
+def _worker(conn: Connection, family: str, target: str, device: str,
+            judging: dict[str, Any]) -> None:
     faulthandler.disable()  # a target's abort is reported by the parent, not dumped here
+    from .parallel import _exit_with_parent
+
+    _exit_with_parent()
     if device == "cpu":
         from kernels.kda_decode import _execution
 
@@ -48,16 +57,22 @@ def _worker(conn: Connection, family: str, target: str, device: str) -> None:
             return
         if case is None:
             return
-        if device == "cpu":
-            conn.send(run_case(contract, case, fn))
-            continue
-        outcome = run_case(contract, case.on(device), fn)
         try:
-            torch.cuda.synchronize()
-        except Exception as e:  # a sticky CUDA error: this process's context is gone
-            conn.send(Outcome("fail", outcome.expectation, Verdict(
-                "crash", "device-fault", f"the device faulted: {str(e).splitlines()[0]}")))
-            os._exit(70)
+            outcome = run_case(contract, case if device == "cpu" else case.on(device), fn,
+                               **judging)
+        except EnvironmentFailure as e:
+            conn.send(("environment", str(e)))
+            continue
+        except Exception:  # the oracle's own error: the parent raises it
+            conn.send(("error", traceback.format_exc()))
+            continue
+        if device != "cpu":
+            try:
+                torch.cuda.synchronize()
+            except Exception as e:  # a sticky CUDA error: this process's context is gone
+                conn.send(Outcome("fail", outcome.expectation, Verdict(
+                    "crash", "device-fault", f"the device faulted: {str(e).splitlines()[0]}")))
+                os._exit(70)
         conn.send(outcome)
 
 
@@ -77,20 +92,21 @@ class IsolatedTarget:
     parent never initialises CUDA and a faulting kernel takes down only the worker."""
 
     def __init__(self, contract: Contract, target: str, *, timeout: float = 60.0,
-                 device: str = "cpu") -> None:
+                 device: str = "cpu", messages: str = "exact", strict: bool = False) -> None:
         self.contract = contract
         self.target = target
         self.timeout = timeout
         self.device = device
-        # fork is cheap and safe while the parent has not touched CUDA; spawn otherwise.
-        self._ctx = mp.get_context("fork" if device == "cpu" and os.name == "posix" else "spawn")
+        self.judging = {"messages": messages, "strict": strict}
+        self._ctx = mp.get_context("spawn")
         self._proc: Any = None
         self._conn: Connection | None = None
 
     def _start(self) -> None:
         parent, child = self._ctx.Pipe()
         proc = self._ctx.Process(
-            target=_worker, args=(child, self.contract.name, self.target, self.device),
+            target=_worker,
+            args=(child, self.contract.name, self.target, self.device, self.judging),
             daemon=True,
         )
         try:
@@ -125,7 +141,12 @@ class IsolatedTarget:
         try:
             self._conn.send(case)
             if self._conn.poll(self.timeout):
-                return self._conn.recv()
+                got = self._conn.recv()
+                if isinstance(got, tuple) and got[0] == "environment":
+                    raise EnvironmentFailure(got[1])
+                if isinstance(got, tuple) and got[0] == "error":
+                    raise RuntimeError(f"the oracle failed in the worker:\n{got[1]}")
+                return got
             timed_out = True
         except (EOFError, BrokenPipeError, ConnectionResetError):
             self._proc.join(timeout=10)  # it is dying: let it be reaped

@@ -1,10 +1,24 @@
-"""Parallel campaigns: one campaign's arms dealt to worker processes sharing the GPUs.
+"""Supervised campaigns: the default way ``kda-fuzz fuzz`` runs targets.
 
-Each job runs ``runner.campaign`` on its share of the plan's arms (its own compile
-families among them) and, on ``cuda``, on GPU ``job mod n`` with its share of that GPU's
-memory. Hypothesis generation and the oracle run on one CPU core per job, so a GPU that
-one process keeps a few percent busy is shared by several. A failure in one job stops
-the others at their next example; every job's failures are reported.
+A supervisor (this process) starts N job processes (``--jobs``; one by default). Each job
+runs the hot loop itself (draw, build on the device, launch, judge: a
+:class:`~kda_fuzz.runner.Campaign` over its share of the plan's arms) and keeps a flight
+record in shared memory: the position of the example in flight and whether a target is
+executing. Nothing is shipped per example. The supervisor reads progress and failures
+from one queue and watches the records:
+
+* a job that dies while a target runs is a ``crash`` of that target at that position,
+  one that stays in a target call past ``timeout`` is killed, a ``timeout``;
+* the job is restarted from its last progress message with the same plan and seed; it
+  fast-forwards to where it stood (the same seeds draw the same cases), regenerates the
+  case that crashed, exactly as launched, records it as a failure without running it,
+  and goes on: a campaign with a crash covers the same examples as one without;
+* a job that dies or stalls outside a target call is the fuzzer's own failure
+  (``JobError``), never a verdict against the target.
+
+Jobs are spawned (never forked: a fork of a process with a running torch thread pool
+can deadlock). On ``cuda``, job j uses GPU ``j mod n`` with its share of that GPU's
+memory. Distinct failures are minimized at the end, each in an isolated worker.
 """
 
 from __future__ import annotations
@@ -14,17 +28,40 @@ import os
 import pickle
 import queue
 import random
+import signal
+import threading
 import time
 import traceback
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from .runner import Report
+from .oracle import EnvironmentFailure
+from .runner import (
+    HARD_KINDS,
+    HARD_REPEATS,
+    Campaign,
+    CampaignOptions,
+    Failure,
+    Position,
+    Recorder,
+    Report,
+    Target,
+    load_target,
+    minimizable,
+)
+from .verdict import Verdict
 
 JOBS_PER_GPU = 4  # xdist workers sharing one GPU
 CAMPAIGN_JOBS_PER_GPU = 8  # ``--jobs auto``: campaign jobs sharing one GPU (H200 figures)
 PROGRESS_EVERY = 0.25  # seconds between a job's progress messages
+STALL_SECONDS = 600.0  # a job silent this long outside a target call is stuck (ours)
+
+# Flight record fields (one shared array of doubles per job).
+STATE, ROUND, ARM, EXAMPLE, TARGET, SINCE = range(6)
+IDLE, CALLING, FAULTED, JUDGING = 0.0, 1.0, 2.0, 3.0  # JUDGING: after a call, before the next
 
 
 def device_for(device: str, slot: int) -> str:
@@ -62,9 +99,13 @@ def auto_jobs(device: str) -> int:
     return max(1, min(cpus, CAMPAIGN_JOBS_PER_GPU * gpus))
 
 
+class JobError(RuntimeError):
+    """A job of a campaign failed outside the targets (the fuzzer's own failure)."""
+
+
 @dataclass(frozen=True)
 class Job:
-    """What one worker process runs (picklable: targets travel as ``MODULE:CALLABLE``)."""
+    """What one job process runs (picklable: targets travel as ``MODULE:CALLABLE``)."""
 
     index: int
     jobs: int
@@ -73,23 +114,70 @@ class Job:
     targets: tuple[str, ...]
     peers: tuple[str, ...]
     device: str
-    minimize: bool
     wrap: Callable[[Callable[..., Any]], Callable[..., Any]] | None
-    options: dict[str, Any] = field(default_factory=dict)
+    options: CampaignOptions
+    resume: tuple[Position, dict[str, Any]] | None = None
+    hard: dict[Position, tuple[int, Verdict]] = field(default_factory=dict)
+    seen: frozenset[tuple[Any, ...]] = frozenset()  # signatures of failures already kept
 
 
-def _snapshot(rep: Report) -> dict[str, Any]:
-    return {"examples": rep.examples, "valid_cases": rep.valid_cases,
-            "broken_cases": rep.broken_cases, "checks_hit": dict(rep.checks_hit)}
+class _SharedRecorder(Recorder):
+    """A job's flight record in shared memory, and its progress messages."""
+
+    def __init__(self, record: Any, send: Callable[[Position], None], device: str) -> None:
+        self.record, self.send, self.device = record, send, device
+        self.last = 0.0
+
+    @contextmanager
+    def call(self, position: Position, target: int) -> Any:
+        r = self.record
+        r[ROUND], r[ARM], r[EXAMPLE], r[TARGET] = (*position, target)
+        r[SINCE] = time.monotonic()
+        r[STATE] = CALLING
+        yield
+        if self.device.startswith("cuda"):  # an asynchronous fault belongs to the target
+            import torch
+
+            try:
+                torch.cuda.synchronize()
+            except Exception as e:  # the CUDA context is gone: report, then die here
+                r[STATE] = FAULTED
+                raise _DeviceFault(str(e).splitlines()[0]) from e
+        r[STATE] = JUDGING
+
+    def progress(self, position: Position) -> None:
+        self.record[STATE] = IDLE
+        now = time.monotonic()
+        if now - self.last >= PROGRESS_EVERY:
+            self.last = now
+            self.send(position)
 
 
-def _run_job(job: Job, progress: Any, stop: Any, results: Any) -> None:
-    """Worker process body: one campaign; its report (cases on the CPU) goes to ``results``."""
+class _DeviceFault(Exception):
+    """The device faulted during (or right after) a target call."""
+
+
+def _exit_with_parent() -> None:
+    """End this process soon after its supervisor is gone (killed, crashed)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                os._exit(3)
+
+    threading.Thread(target=watch, name="kda-fuzz-orphan-watch", daemon=True).start()
+
+
+def _run_job(job: Job, events: Any, stop: Any, record: Any) -> None:
+    """Job process body: one campaign, its progress, failures and end sent on ``events``."""
+    _exit_with_parent()
+    put = events.put
     try:
         import torch
 
         from .contracts import get_contract
-        from .runner import Target, campaign, load_target
 
         gpus = torch.cuda.device_count() if job.device == "cuda" else 1
         device = claim_device(job.device, job.index, -(-job.jobs // max(1, gpus)))
@@ -100,140 +188,295 @@ def _run_job(job: Job, progress: Any, stop: Any, results: Any) -> None:
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // job.jobs))
         contract = get_contract(job.contract)
         targets = [load_target(t) for t in job.targets]
+        peers = [load_target(p) for p in job.peers]
         if job.wrap is not None:
             targets = [Target(t.name, job.wrap(t.fn)) for t in targets]
-        minimize = None
-        if job.minimize:
-            from .minimize import minimize_with_verdict
+        options = CampaignOptions(**{**job.options.__dict__, "device": device})
+        holder: list[Campaign] = []
 
-            def minimize(case: Any, target: Any, verdict: Any, run: Any) -> Any:
-                return minimize_with_verdict(contract, case, target.fn, verdict, run=run)
+        def snapshot(position: Position) -> tuple[Position, dict[str, Any]]:
+            return position, holder[0].report.counters()
 
-        last = [0.0]
+        def on_failure(f: Failure, new: bool) -> None:
+            c = holder[0]
+            rec.last = 0.0  # the next progress message goes out at once
+            where = (c._pos[0], c._pos[1], c._pos[2] - 1)  # this example, not yet counted
+            # Plain pickle: torch's queue pickling would share tensors through handles
+            # that die with this process.
+            payload = pickle.dumps(f) if new else f.signature
+            put(("failure" if new else "repeat", job.index, payload, snapshot(where)))
 
-        def on_example(rep: Report) -> None:
-            now = time.monotonic()
-            if now - last[0] >= PROGRESS_EVERY:
-                last[0] = now
-                progress.put((job.index, _snapshot(rep)))
-
-        rep = campaign(contract, job.variant, targets, device=device, minimize=minimize,
-                       peers=[load_target(p) for p in job.peers], on_example=on_example,
-                       stop=stop.is_set, **job.options)
-        if rep.failures:
-            stop.set()
-        for f in rep.failures:
-            f.case = f.case.on("cpu")
-            f.original = f.original.on("cpu") if f.original is not None else None
-        summaries = {"seconds": rep.seconds,
+        rec = _SharedRecorder(record, lambda pos: put(("progress", job.index, snapshot(pos))),
+                              device)
+        c = Campaign(contract, job.variant, targets, peers=peers, options=options,
+                     on_failure=on_failure, stop=stop.is_set, recorder=rec,
+                     resume=job.resume, hard=job.hard, seen=job.seen)
+        holder.append(c)
+        try:
+            rep = c.run()
+        except _DeviceFault as e:
+            put(("fault", job.index, str(e)))
+            events.close()
+            events.join_thread()
+            os._exit(70)
+        summaries = {"seconds": rep.seconds, "stopped": c.stopped,
                      "targets": {t.name: t.fn.summary() for t in targets
                                  if hasattr(t.fn, "summary")}}
-        progress.put((job.index, _snapshot(rep)))
-        # Plain pickle: torch's queue pickling would share tensors through handles that
-        # die with this process.
-        results.put((job.index, pickle.dumps((rep, summaries)), None))
-    except BaseException:  # reported by the parent as an internal error
-        stop.set()
-        results.put((job.index, None, traceback.format_exc()))
+        put(("done", job.index, snapshot((1 << 62, 0, 0)), summaries))
+    except EnvironmentFailure as e:
+        put(("environment", job.index, str(e)))
+    except BaseException:  # reported by the supervisor as the fuzzer's own failure
+        put(("error", job.index, traceback.format_exc()))
 
 
-class JobError(RuntimeError):
-    """A job of a parallel campaign died or raised (not a target failure)."""
+@dataclass
+class _JobState:
+    spec: Job
+    proc: Any
+    record: Any
+    snapshot: tuple[Position, dict[str, Any]] | None = None
+    fault: str = ""
+    restarts: int = 0
+    done: bool = False
+    summary: dict[str, Any] = field(default_factory=dict)
+    last_message: float = field(default_factory=time.monotonic)
 
 
-def parallel_campaign(
-    contract: str,
-    variant: str,
-    targets: list[str],
-    jobs: int,
-    *,
-    device: str = "cpu",
-    max_examples: int = 200,
-    seed: int | None = None,
-    families: int = 0,
-    peers: list[str] | None = None,
-    minimize: bool = True,
-    on_example: Callable[[Report], None] | None = None,
-    wrap: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None,
-    **options: Any,
-) -> tuple[Report, list[dict[str, Any]]]:
-    """Run one campaign's plan as ``jobs`` worker processes and merge their reports.
-
-    Every job plans the whole campaign from the same seed (a random one when ``seed`` is
-    None) and runs its dealt share of the arms (``runner.deal``): the plan is that of a
-    one-job campaign, and each compile family is compiled by one job only (there are
-    at least ``jobs`` families when ``families`` is set, so that every job has one).
-    ``targets``/``peers`` are ``MODULE:CALLABLE`` specs; ``options`` go to every job's
-    ``campaign`` (``max_seconds`` is each job's own deadline). ``wrap``, a picklable
-    callable, wraps each target in the jobs. Also returns, per job, its campaign's
-    ``seconds`` and ``targets``: each wrapped target's ``summary()``.
-    Raises ``JobError`` when a job fails outside the campaign's oracles.
-    """
-    if jobs < 1:
-        raise ValueError(f"jobs must be at least 1, got {jobs}")
-    ctx = mp.get_context("spawn")  # CUDA cannot be forked
-    progress, results, stop = ctx.Queue(), ctx.Queue(), ctx.Event()
-    base = seed if seed is not None else random.randrange(2**31)
-    specs = [
-        Job(j, jobs, contract, variant, tuple(targets), tuple(peers or ()), device, minimize,
-            wrap, {**options, "seed": base, "max_examples": max_examples,
-                   "families": max(families, jobs) if families else 0, "job": (j, jobs)})
-        for j in range(jobs)
-    ]
-    # Not daemons: a job may start its own isolated-target workers. Ended in ``finally``.
-    procs = [ctx.Process(target=_run_job, args=(s, progress, stop, results)) for s in specs]
-    t0 = time.monotonic()
-    for p in procs:
-        p.start()
-    merged = Report(contract, variant, [*targets, *(peers or ())])
-    snaps: dict[int, dict[str, Any]] = {}
-    done: dict[int, tuple[Report, dict[str, Any]]] = {}
-    try:
-        while len(done) < len(procs):
-            _drain(progress, snaps, merged, on_example)
-            try:
-                index, payload, error = results.get(timeout=0.1)
-            except queue.Empty:
-                dead = [p for p in procs if p.exitcode not in (None, 0)]
-                if dead and results.empty():
-                    time.sleep(0.5)  # a result may still be in the pipe
-                    if results.empty():
-                        raise JobError(f"a campaign job died (exit code {dead[0].exitcode})"
-                                       ) from None
-                continue
-            if error is not None:
-                raise JobError(f"campaign job {index} failed:\n{error}")
-            done[index] = pickle.loads(payload)
-        _drain(progress, snaps, merged, on_example)
-    finally:
-        stop.set()
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.terminate()
-    report = Report(contract, variant, merged.targets)
-    for index in sorted(done):
-        report.absorb(done[index][0])
-    report.seconds = time.monotonic() - t0
-    return report, [done[i][1] for i in sorted(done)]
-
-
-def _drain(progress: Any, snaps: dict[int, dict[str, Any]], merged: Report,
-           on_example: Callable[[Report], None] | None) -> None:
-    """Fold pending progress messages into ``merged`` and report it."""
-    seen = False
-    while True:
+def _how(code: int | None) -> str:
+    if code is not None and code < 0:
         try:
-            index, snap = progress.get_nowait()
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+class Supervisor:
+    """Runs a campaign as supervised job processes and merges what they find."""
+
+    def __init__(self, contract: str, variant: str, targets: list[str], jobs: int, *,
+                 options: CampaignOptions, peers: list[str] | None = None,
+                 timeout: float = 60.0,
+                 wrap: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None,
+                 on_example: Callable[[Report], None] | None = None) -> None:
+        if jobs < 1:
+            raise ValueError(f"jobs must be at least 1, got {jobs}")
+        self.contract, self.variant, self.targets = contract, variant, list(targets)
+        self.peers = list(peers or [])
+        self.jobs, self.timeout, self.wrap, self.on_example = jobs, timeout, wrap, on_example
+        if options.seed is None:
+            options.seed = random.randrange(2**31)
+        if options.families:
+            options.families = max(options.families, jobs)  # one family per job at least
+        self.options = options
+        self.ctx = mp.get_context("spawn")  # CUDA cannot be forked; nor can torch's pools
+        self.events = self.ctx.Queue()
+        self.stop = self.ctx.Event()
+        self.report = Report(contract, variant, [*self.targets, *self.peers], seed=options.seed)
+        self.states: list[_JobState] = []
+        self.restarts = 0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _start(self, spec: Job, state: _JobState | None = None) -> _JobState:
+        record = state.record if state is not None else self.ctx.RawArray("d", 6)
+        record[STATE] = IDLE
+        proc = self.ctx.Process(target=_run_job, args=(spec, self.events, self.stop, record))
+        proc.start()
+        if state is None:
+            return _JobState(spec, proc, record)
+        state.spec, state.proc, state.fault = spec, proc, ""
+        state.last_message = time.monotonic()
+        return state
+
+    def run(self) -> Report:
+        """Run every job to its end; raises ``JobError`` or ``EnvironmentFailure``."""
+        t0 = time.monotonic()
+        o = self.options
+        if o.max_seconds is not None and o.deadline is None:
+            o.deadline = t0 + o.max_seconds
+        n = self.jobs
+        self.states = [
+            self._start(Job(j, n, self.contract, self.variant, tuple(self.targets),
+                            tuple(self.peers), o.device, self.wrap,
+                            CampaignOptions(**{**o.__dict__, "job": (j, n)})))
+            for j in range(n)
+        ]
+        try:
+            while not all(s.done for s in self.states):
+                self._drain(0.05)
+                for s in self.states:
+                    if not s.done:
+                        self._watch(s)
+            self._drain(0.0)
+        finally:
+            self.stop.set()
+            for s in self.states:
+                s.proc.join(timeout=10)
+                if s.proc.is_alive():
+                    s.proc.kill()
+                    s.proc.join(timeout=5)
+        self.report.examples = 0
+        totals = Report(self.contract, self.variant, [])
+        for s in self.states:
+            if s.snapshot is not None:
+                totals.add_counters(s.snapshot[1])
+            if s.summary.get("stopped") and s.summary["stopped"] != "stopped":
+                self.report.notes.append(f"job {s.spec.index}: {s.summary['stopped']}")
+        for name in Report.COUNTERS:
+            setattr(self.report, name, getattr(totals, name))
+        for attr in ("checks_hit", "validation_gaps", "wording"):
+            setattr(self.report, attr, getattr(totals, attr))
+        self.report.wording_samples = totals.wording_samples
+        if self.restarts:
+            self.report.notes.append(f"{self.restarts} job restart(s) after a crash or hang")
+        self.report.seconds = time.monotonic() - t0
+        return self.report
+
+    def summaries(self) -> list[dict[str, Any]]:
+        """Per job: its campaign's seconds, why it stopped, its wrapped targets' summaries."""
+        return [s.summary for s in self.states]
+
+    # ------------------------------------------------------------------ messages
+
+    def _drain(self, wait: float) -> None:
+        try:
+            msg = self.events.get(timeout=wait) if wait else self.events.get_nowait()
         except queue.Empty:
-            break
-        snaps[index], seen = snap, True
-    if not seen or on_example is None:
+            return
+        while True:
+            self._handle(msg)
+            try:
+                msg = self.events.get_nowait()
+            except queue.Empty:
+                break
+        if self.on_example is not None:
+            self.on_example(self._progress())
+
+    def _progress(self) -> Report:
+        merged = Report(self.contract, self.variant, self.report.targets)
+        for s in self.states:
+            if s.snapshot is not None:
+                merged.add_counters(s.snapshot[1])
+        merged.failures = self.report.failures
+        return merged
+
+    def _handle(self, msg: tuple[Any, ...]) -> None:
+        kind, index = msg[0], msg[1]
+        s = self.states[index]
+        s.last_message = time.monotonic()
+        if kind == "progress":
+            s.snapshot = msg[2]
+        elif kind == "failure":
+            f: Failure = pickle.loads(msg[2])
+            s.snapshot = msg[3]
+            self._add(f)
+        elif kind == "repeat":
+            s.snapshot = msg[3]
+            for f in self.report.failures:
+                if f.signature == msg[2]:
+                    f.count += 1
+        elif kind == "fault":
+            s.fault = msg[2]
+        elif kind == "done":
+            s.snapshot, s.summary, s.done = msg[2], msg[3], True
+        elif kind == "environment":
+            raise EnvironmentFailure(msg[2])
+        elif kind == "error":
+            raise JobError(f"campaign job {index} failed:\n{msg[2]}")
+
+    def _add(self, failure: Failure) -> None:
+        kept = self.report.add_failure(failure)
+        if kept is failure and len(self.report.failures) >= self.options.max_failures:
+            self.stop.set()
+
+    # ------------------------------------------------------------------ watching
+
+    def _watch(self, s: _JobState) -> None:
+        r = s.record
+        now = time.monotonic()
+        calling = r[STATE] in (CALLING, FAULTED, JUDGING)
+        if r[STATE] == CALLING and now - r[SINCE] > self.timeout and s.proc.is_alive():
+            s.proc.kill()
+            s.proc.join(timeout=10)
+            self._drain(0.0)
+            self._restart(s, "timeout", "no-return",
+                          f"did not return within {self.timeout:g} s")
+            return
+        if s.proc.is_alive():
+            if not calling and now - s.last_message > STALL_SECONDS:
+                s.proc.kill()
+                raise JobError(f"campaign job {s.spec.index} stalled for {STALL_SECONDS:g} s "
+                               "outside any target call (the fuzzer's own failure)")
+            return
+        s.proc.join(timeout=5)
+        self._drain(0.0)  # its last messages ("done", "fault") may still be queued
+        if s.done:
+            return
+        if not calling:
+            raise JobError(f"campaign job {s.spec.index} died outside a target call "
+                           f"({_how(s.proc.exitcode)}): the fuzzer's own failure")
+        if r[STATE] == FAULTED or s.fault:
+            self._restart(s, "crash", "device-fault", f"the device faulted: {s.fault}")
+        elif r[STATE] == JUDGING:
+            self._restart(s, "crash", "process-died",
+                          f"the process died after the target returned, while its results "
+                          f"were judged ({_how(s.proc.exitcode)}); memory corrupted?")
+        else:
+            self._restart(s, "crash", "process-died",
+                          f"the process running the target died ({_how(s.proc.exitcode)})")
+
+    def _restart(self, s: _JobState, kind: str, what: str, detail: str) -> None:
+        """Record the hard fault at the job's flight position and start the job again from
+        its last progress message."""
+        r = s.record
+        pos: Position = (int(r[ROUND]), int(r[ARM]), int(r[EXAMPLE]))
+        target = int(r[TARGET])
+        names = [*self.targets, *self.peers]
+        verdict = Verdict(kind, what, detail)  # type: ignore[arg-type]
+        sig = (names[target], *verdict.signature(self.variant))
+        seen = sum(f.count for f in self.report.failures if f.signature == sig)
+        if seen > HARD_REPEATS:
+            s.done = True
+            s.summary = {"stopped": f"{names[target]}: {kind} {what} {seen + 1} times; each "
+                                    "more costs a restart, so this job stopped"}
+            return
+        resume = s.snapshot if s.snapshot is not None and s.snapshot[0] <= pos else None
+        start = resume[0] if resume is not None else (0, 0, 0)
+        hard = {p: h for p, h in s.spec.hard.items() if p >= start}
+        hard[pos] = (target, verdict)
+        s.restarts += 1
+        self.restarts += 1
+        seen = frozenset(f.signature for f in self.report.failures)
+        spec = Job(**{**s.spec.__dict__, "resume": resume, "hard": hard, "seen": seen})
+        self._start(spec, s)
+
+
+def minimize_failures(contract: Any, failures: list[Failure], *, device: str,
+                      timeout: float, shrink_seconds: float, workers: int = 1,
+                      messages: str = "exact", strict: bool = False) -> None:
+    """Minimize each distinct failure in place, its candidates judged in an isolated worker
+    (a crash is minimized too, within ``shrink_seconds``; hangs, flaky failures and peer
+    disagreements are kept as found)."""
+    from .isolate import IsolatedTarget
+    from .minimize import minimize_with_verdict
+
+    def one(f: Failure) -> None:
+        if not (minimizable(f.verdict) or f.verdict.kind == "crash") or " vs " in f.target:
+            return
+        with IsolatedTarget(contract, f.target, timeout=timeout, device=device,
+                            messages=messages, strict=strict) as iso:
+            f.original = f.case
+            f.case, f.verdict = minimize_with_verdict(
+                contract, f.case, None, f.verdict, run=iso.run, seconds=shrink_seconds)
+
+    todo = [f for f in failures if f.verdict.kind not in ("timeout", "flaky")]
+    if not todo:
         return
-    merged.examples = sum(s["examples"] for s in snaps.values())
-    merged.valid_cases = sum(s["valid_cases"] for s in snaps.values())
-    merged.broken_cases = sum(s["broken_cases"] for s in snaps.values())
-    merged.checks_hit.clear()
-    for s in snaps.values():
-        merged.checks_hit.update(s["checks_hit"])
-    on_example(merged)
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(todo)))) as pool:
+        for fut in [pool.submit(one, f) for f in todo]:
+            fut.result()
+
+
+__all__ = ["HARD_KINDS", "JobError", "Supervisor", "auto_jobs", "claim_device", "device_for",
+           "minimize_failures"]

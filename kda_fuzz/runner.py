@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
+import inspect
 import os
+import random
 import sys
 import time
 from collections import Counter
@@ -19,7 +22,7 @@ from hypothesis import strategies as st
 
 from .case import Case
 from .contract import Contract
-from .oracle import Outcome, run_case, run_peers
+from .oracle import Messages, Outcome, expectation, run_case, run_peers
 from .verdict import Verdict
 
 
@@ -56,6 +59,21 @@ def load_target(spec: str) -> Target:
     return Target(spec, fn)
 
 
+def check_signature(target: Target, contract: Contract) -> None:
+    """Raise ``TargetError`` unless ``target`` can be called with the contract's arguments
+    (all of them, positionally)."""
+    try:
+        sig = inspect.signature(target.fn)
+    except (TypeError, ValueError):  # builtins and extensions may have none: trust them
+        return
+    try:
+        sig.bind(*contract.signature)
+    except TypeError as e:
+        raise TargetError(
+            f"{target.name} cannot take the {contract.name} contract's {len(contract.signature)} "
+            f"arguments ({', '.join(contract.signature)}): {e}") from None
+
+
 def default_targets(contract: Contract, variant: str) -> list[Target]:
     """The project's own kernels for a contract variant."""
     return [load_target(s) for s in contract.extras.get("default_targets", {}).get(variant, ())]
@@ -74,15 +92,27 @@ def fingerprint(case: Case) -> str:
     return h.hexdigest()
 
 
+
 @dataclass
 class Failure:
-    """A failing case, as small as Hypothesis (and the domain minimizer) could make it."""
+    """One distinct failure: the first case that showed it (minimized when possible) and
+    how many examples showed it (``count``, repeats included)."""
 
     case: Case
     verdict: Verdict
     target: str
     saved: str | None = None
     original: Case | None = None
+    count: int = 1
+    note: str = ""
+
+    @property
+    def signature(self) -> tuple[Any, ...]:
+        """The target and the verdict's :meth:`Verdict.signature` on this case's variant."""
+        return (self.target, *self.verdict.signature(self.case.variant))
+
+
+WORDING_SAMPLES = 5
 
 
 @dataclass
@@ -99,15 +129,23 @@ class Report:
     broken_cases: int = 0
     skipped: int = 0
     seconds: float = 0.0
+    seed: int | None = None
     checks_hit: Counter = field(default_factory=Counter)
     validation_gaps: Counter = field(default_factory=Counter)
+    wording: Counter = field(default_factory=Counter)  # check -> differently worded errors
+    wording_samples: list[tuple[int | None, str, str]] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
     saved: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    COUNTERS = ("examples", "rows", "tail_rows", "valid_cases", "broken_cases", "skipped")
 
     def record(self, outcome: Outcome, case: Case) -> None:
+        """Count one judged example (its first target's outcome)."""
+        self.examples += 1
         exp = outcome.expectation
         if outcome.status == "gap":
-            label = "+".join(case.notes.get("breakages", ["?"]))
+            label = exp.hole if exp.hole else "+".join(case.notes.get("breakages", ["?"]))
             self.validation_gaps[label] += 1
         elif exp.ok:
             self.valid_cases += 1
@@ -118,21 +156,44 @@ class Report:
             self.checks_hit[exp.check if exp.check is not None else f"hole:{exp.hole}"] += 1
         if outcome.status == "skip":
             self.skipped += 1
+        if outcome.wording is not None:
+            self.wording[outcome.wording[0]] += 1
+            if len(self.wording_samples) < WORDING_SAMPLES:
+                self.wording_samples.append(outcome.wording)
 
-    def absorb(self, other: Report) -> None:
-        """Add another campaign's counts and findings (a parallel job's) to this one."""
-        for name in ("examples", "rows", "tail_rows", "valid_cases", "broken_cases", "skipped"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-        self.checks_hit.update(other.checks_hit)
-        self.validation_gaps.update(other.validation_gaps)
-        self.failures.extend(other.failures)
-        self.saved.extend(other.saved)
+    def counters(self) -> dict[str, Any]:
+        """The counts alone (what a job sends as progress, and resumes from)."""
+        out: dict[str, Any] = {n: getattr(self, n) for n in self.COUNTERS}
+        out.update(checks_hit=dict(self.checks_hit), validation_gaps=dict(self.validation_gaps),
+                   wording=dict(self.wording), wording_samples=list(self.wording_samples))
+        return out
+
+    def add_counters(self, c: dict[str, Any]) -> None:
+        """Add another campaign's (a job's) :meth:`counters` to this report's."""
+        for n in self.COUNTERS:
+            setattr(self, n, getattr(self, n) + c[n])
+        self.checks_hit.update(c["checks_hit"])
+        self.validation_gaps.update(c["validation_gaps"])
+        self.wording.update(c["wording"])
+        room = WORDING_SAMPLES - len(self.wording_samples)
+        self.wording_samples.extend(c["wording_samples"][:max(0, room)])
+
+    def add_failure(self, failure: Failure) -> Failure:
+        """Keep ``failure`` if it is a new distinct one, else count it as a repeat of the
+        one kept; returns the kept one."""
+        for f in self.failures:
+            if f.signature == failure.signature:
+                f.count += failure.count
+                return f
+        self.failures.append(failure)
+        return failure
 
     def to_json(self) -> dict[str, Any]:
         return {
             "contract": self.contract,
             "variant": self.variant,
             "targets": self.targets,
+            "seed": self.seed,
             "examples": self.examples,
             "valid_rows": self.rows,
             "bucket_padding_rows": self.tail_rows,
@@ -141,29 +202,31 @@ class Report:
             "skipped_unjudgeable": self.skipped,
             "failures": len(self.failures),
             "failure_details": [
-                {"target": f.target, **f.verdict.to_json(), "saved": f.saved}
+                {"target": f.target, **f.verdict.to_json(), "count": f.count,
+                 "layout": f.case.describe(), "saved": f.saved,
+                 **({"note": f.note} if f.note else {})}
                 for f in self.failures
             ],
             "seconds": round(self.seconds, 3),
-            "checks_hit": {str(k): v for k, v in sorted(self.checks_hit.items(), key=str)},
+            "checks_hit": {str(k): v for k, v in sorted(self.checks_hit.items(), key=_check_key)},
             "validation_gaps": dict(self.validation_gaps),
+            "wording_differences": {str(k): v for k, v in self.wording.items()},
+            "wording_samples": [{"check": c, "expected": e, "got": g}
+                                for c, e, g in self.wording_samples],
+            "notes": self.notes,
             "saved": self.saved,
         }
 
+
+def _check_key(item: tuple[Any, Any]) -> tuple[int, str]:
+    k = item[0]
+    return (k, "") if isinstance(k, int) else (1 << 30, str(k))
 
 # (case, target, verdict, run) -> (smaller case, its verdict); ``run`` judges a candidate.
 Minimizer = Callable[[Case, Target, Verdict, Callable[[Case], Outcome]], tuple[Case, Verdict]]
 
 
-HARD_KINDS = ("crash", "timeout")  # never re-run, shrunk or minimized: each try may kill
-
-
-class _Found(Exception):
-    """Raised inside the Hypothesis test to report a failing case."""
-
-
-class _Stopped(Exception):
-    """Raised inside the Hypothesis test when the campaign is told to stop."""
+HARD_KINDS = ("crash", "timeout")  # never re-run in the campaign: each try may kill
 
 
 @dataclass(frozen=True)
@@ -234,180 +297,299 @@ def _split(n: int, parts: int) -> list[int]:
     return [n // parts + (i < n % parts) for i in range(parts)]
 
 
-def campaign(
-    contract: Contract,
-    variant: str,
-    targets: list[Target],
-    *,
-    device: str = "cpu",
-    max_examples: int = 200,
-    seed: int | None = None,
-    budget: int | None = None,
-    valid_share: float = 0.5,
-    shrink_seconds: float = 60.0,
-    on_example: Callable[[Report], None] | None = None,
-    minimize: Minimizer | None = None,
-    isolate: bool = False,
-    timeout: float = 60.0,
-    inflight_dir: str | None = None,
-    families: int = 0,
-    bucket: bool = False,
-    max_b: int | None = None,
-    max_seconds: float | None = None,
-    peers: list[Target] | None = None,
-    max_bhv: int | None = None,
-    stop: Callable[[], bool] | None = None,
-    job: tuple[int, int] = (0, 1),
-) -> Report:
-    """Run one fuzz campaign; stops at the first failing case, minimized.
 
-    With ``isolate``, each target runs in a worker process with a per-case ``timeout``;
-    the case in flight is written to ``inflight_dir`` first, so an abort, a hard fault or
-    a hang is reported as a ``crash``/``timeout`` failure and the campaign carries on.
-    ``families``/``bucket``/``max_b`` shape the valid layouts (see ``plan``); with
-    ``max_seconds`` the arms are run in chunks, cycling, until the time is up.
-    ``peers`` are judged like targets and, on accepted layouts, compared with the first
-    target (in this process). ``stop`` is asked before each example; once it says yes
-    the campaign ends (another job of a parallel campaign found a failure). ``job``
-    ``(j, n)`` runs only job j's arms of the whole plan (see ``deal``).
-    """
-    peers = list(peers or [])
-    targets = [*targets, *peers]
-    report = Report(contract.name, variant, [t.name for t in targets])
-    contract.checks_for(variant)  # rejects unknown variants early
-    state: dict[str, Any] = {"first": None, "t_first": None, "last": None, "fps": set(),
-                             "hard": {}}
-    t0 = time.monotonic()
-    workers: dict[str, Any] = {}
-    if isolate:
-        from .isolate import IsolatedTarget
 
-        workers = {t.name: IsolatedTarget(contract, t.name, timeout=timeout, device=device)
-                   for t in targets}
+CHUNK = 25  # examples per arm and round when a deadline cycles through the arms
 
-    def judge(case: Case, target: Target) -> Outcome:
-        if not isolate:
-            return run_case(contract, case, target.fn)
-        fp = fingerprint(case)
-        if (target.name, fp) in state["hard"]:  # never re-run a crash or a hang
-            return state["hard"][(target.name, fp)]
-        inflight = None
-        if inflight_dir is not None:
-            from .corpus import save_case
 
-            inflight = save_case(case, None, inflight_dir,
-                                 description=f"in flight on {target.name}")
-        outcome = workers[target.name].run(case)
-        if outcome.verdict is not None and outcome.verdict.kind in HARD_KINDS:
-            state["hard"][(target.name, fp)] = outcome
-            if inflight is not None:
-                outcome.verdict.extra["inflight"] = str(inflight)
-        elif inflight is not None:
-            inflight.unlink(missing_ok=True)
-        return outcome
+# A position in a campaign: (round, arm within the job, example within the arm's run).
+# Positions grow in the order examples run, and a campaign run again from the same plan
+# and seed draws the same case at the same position (the layouts are built from seeded
+# generators), which is what lets a supervised job resume after a crash.
+Position = tuple[int, int, int]
+END: Position = (1 << 62, 0, 0)
 
-    def count(outcome: Outcome, case: Case) -> None:
-        report.examples += 1
-        report.record(outcome, case)
-        if on_example is not None:
-            on_example(report)
 
-    def found(case: Case, outcome: Outcome, verdict: Verdict, target: Target) -> None:
-        """Report a failure to Hypothesis (raises), unless shrinking turned it into
-        another failure (returns: that smaller case does not count as failing)."""
-        first = state["first"]
-        if first is not None and not verdict.same_failure(first[1]):
+class _Stopped(BaseException):
+    """Ends the Hypothesis run at once (not an ``Exception``: Hypothesis lets it through
+    without replaying or shrinking)."""
+
+
+class _Halt(BaseException):
+    """Carries an error out of the Hypothesis run (internal error, environment failure)."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+@dataclass
+class CampaignOptions:
+    """How a campaign draws and judges (see ``plan`` for the shaping knobs)."""
+
+    device: str = "cpu"
+    max_examples: int = 200
+    seed: int | None = None
+    budget: int | None = None
+    valid_share: float = 0.5
+    families: int = 0
+    bucket: bool = False
+    max_b: int | None = None
+    max_bhv: int | None = None
+    max_seconds: float | None = None
+    deadline: float | None = None  # time.monotonic() at which to stop (overrides max_seconds)
+    max_failures: int = 1  # distinct failures before the campaign stops
+    messages: Messages = "exact"
+    strict: bool = False
+    confirm_runs: int = 2  # re-runs of a new failure; fewer reproductions make it flaky
+    job: tuple[int, int] = (0, 1)
+
+
+class Recorder:
+    """Where a campaign says what it is doing, so that a supervisor can tell a target's
+    crash or hang from the fuzzer's own (the in-process default records nothing)."""
+
+    def call(self, position: Position, target: int) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext()
+
+    def progress(self, position: Position) -> None:
+        """The examples before ``position`` are done."""
+
+
+class Campaign:
+    """One fuzz campaign over a contract variant: a plan of arms run through Hypothesis,
+    every case judged on every target, distinct failures kept (with repeat counts) until
+    ``max_failures`` of them, the examples or the time run out.
+
+    A campaign can start part-way (``resume``: the position of its first example to run,
+    with the counts it had there) and be told which positions already crashed or hung
+    (``hard``: position -> (target index, verdict)); those cases are regenerated, recorded
+    as failures and not run again. ``seen``: signatures of failures already kept by
+    whoever runs this campaign (a restarted job's supervisor); they count as repeats."""
+
+    def __init__(self, contract: Contract, variant: str, targets: list[Target], *,
+                 peers: list[Target] | None = None, options: CampaignOptions | None = None,
+                 on_example: Callable[[Report], None] | None = None,
+                 on_failure: Callable[[Failure, bool], None] | None = None,
+                 stop: Callable[[], bool] | None = None, recorder: Recorder | None = None,
+                 resume: tuple[Position, dict[str, Any]] | None = None,
+                 hard: dict[Position, tuple[int, Verdict]] | None = None,
+                 seen: frozenset[tuple[Any, ...]] = frozenset()) -> None:
+        contract.checks_for(variant)  # rejects unknown variants early
+        self.contract, self.variant = contract, variant
+        self.peers = list(peers or [])
+        self.targets = [*targets, *self.peers]
+        self.options = options or CampaignOptions()
+        if self.options.seed is None:
+            self.options.seed = random.randrange(2**31)
+        self.report = Report(contract.name, variant, [t.name for t in self.targets],
+                             seed=self.options.seed)
+        self.on_example, self.on_failure, self.stop = on_example, on_failure, stop
+        self.recorder = recorder or Recorder()
+        self.resume_at: Position = (0, 0, 0)
+        if resume is not None:
+            self.resume_at = resume[0]
+            self.report.add_counters(resume[1])
+        self.hard = dict(hard or {})
+        self.known: dict[tuple[Any, ...], Failure] = {}
+        self.seen = seen  # failures kept elsewhere (by the supervisor): repeats here
+        self.stopped = ""
+        self._pos: list[int] = [0, 0, 0]
+        self._hard_repeats: Counter = Counter()
+
+    # ------------------------------------------------------------------ running
+
+    def arms(self) -> list[Arm]:
+        """This job's share of the campaign's plan."""
+        o = self.options
+        arms = plan(self.contract, self.variant, o.max_examples, device=o.device,
+                    budget=o.budget, valid_share=o.valid_share, families=o.families,
+                    bucket=o.bucket, max_b=o.max_b, seed=o.seed, max_bhv=o.max_bhv,
+                    parts=o.job[1])
+        return deal(arms, *o.job)
+
+    def run(self) -> Report:
+        """Run the campaign (from ``resume`` on); raises what halted it (an internal
+        error or an ``EnvironmentFailure``)."""
+        t0 = time.monotonic()
+        o = self.options
+        deadline = o.deadline if o.deadline is not None else (
+            None if o.max_seconds is None else t0 + o.max_seconds)
+        self._deadline = deadline
+        arms = self.arms()
+        try:
+            rounds = 0
+            while True:
+                for ai, arm in enumerate(arms):
+                    if (rounds, ai, 1 << 62) < self.resume_at:
+                        continue  # done before the resume point
+                    if deadline is not None and time.monotonic() > deadline:
+                        raise _Stopped
+                    n = arm.examples if deadline is None else min(arm.examples, CHUNK)
+                    self._pos = [rounds, ai, 0]
+                    self._run_arm(arm, n, rounds)
+                if deadline is None:
+                    break
+                rounds += 1
+        except _Stopped:
+            pass
+        except _Halt as h:
+            raise h.error from None
+        self.recorder.progress(END)
+        self.report.seconds = time.monotonic() - t0
+        return self.report
+
+    def _run_arm(self, arm: Arm, n: int, rounds: int) -> None:
+        test = settings(
+            max_examples=n, database=None, deadline=None, phases=(Phase.generate,),
+            suppress_health_check=list(HealthCheck), print_blob=False,
+        )(given(arm.strategy)(self._body))
+        seed = self.options.seed or 0
+        hypothesis_seed((seed * 1009 + arm.index) * 7919 + rounds)(test)()
+
+    def _body(self, case: Case) -> None:
+        pos: Position = (self._pos[0], self._pos[1], self._pos[2])
+        self._pos[2] += 1
+        if pos < self.resume_at:
+            return  # fast-forward: this example ran before the resume point
+        try:
+            self._example(pos, case)
+        except (_Stopped, _Halt):
+            raise
+        except Exception as e:  # an error of the fuzzer or of the environment
+            raise _Halt(e) from e
+        self.recorder.progress((pos[0], pos[1], pos[2] + 1))
+
+    def _example(self, pos: Position, case: Case) -> None:
+        hard = self.hard.pop(pos, None)
+        if hard is not None:  # crashed or hung here before: record it, never run it again
+            index, verdict = hard
+            outcome = Outcome("fail", expectation(self.contract, case), verdict)
+            self._count(outcome, case)
+            self._failed(case.on("cpu"), verdict, self.targets[index], confirmed=True)
             return
-        state["fps"].add(fingerprint(case))
-        state["last"] = (case, verdict, target)
-        if first is None:
-            state["first"], state["t_first"] = state["last"], time.monotonic()
-            if verdict.kind in HARD_KINDS:
-                state["t_first"] -= shrink_seconds  # each try may cost a timeout
-            count(outcome, case)
-        raise _Found(verdict.summary())
-
-    def body(case: Case) -> None:
-        shrinking = state["first"] is not None
-        if not shrinking and stop is not None and stop():
+        if self.stop is not None and self.stop():
+            self.stopped = self.stopped or "stopped"
             raise _Stopped
-        if shrinking:
-            over = time.monotonic() - state["t_first"] > shrink_seconds
-            if over and fingerprint(case) not in state["fps"]:
-                return
-        outcome = None
-        for target in targets:
-            outcome = judge(case, target)
+        if self._deadline is not None and time.monotonic() > self._deadline:
+            raise _Stopped
+        first: Outcome | None = None
+        for index, target in enumerate(self.targets):
+            outcome = self._judge(pos, index, case, target)
+            first = first or outcome
             if outcome.status == "fail":
                 assert outcome.verdict is not None
-                found(case, outcome, outcome.verdict, target)
-                return  # shrinking must keep the same failure
-            if outcome.status in ("gap", "skip"):
+                self._failed(case, outcome.verdict, target, pos=pos, index=index)
+            elif outcome.status in ("gap", "skip"):
                 break
-        for peer in peers if outcome is not None and outcome.status == "pass" else ():
-            pair = run_peers(contract, case, [(targets[0].name, targets[0].fn),
-                                             (peer.name, peer.fn)])
+        assert first is not None
+        for peer in self.peers if first.status == "pass" else ():
+            main = self.targets[0]
+            pair = run_peers(self.contract, case, [(main.name, main.fn), (peer.name, peer.fn)])
             if pair.status == "fail" and pair.verdict is not None:
-                who = Target(f"{targets[0].name} vs {peer.name}", targets[0].fn)
-                found(case, outcome, pair.verdict, who)
-                return
-        if not shrinking and outcome is not None:
-            count(outcome, case)
+                self._failed(case, pair.verdict, Target(f"{main.name} vs {peer.name}", main.fn),
+                             confirmed=True)
+        self._count(first, case)
+        if len(self.report.failures) >= self.options.max_failures:
+            self.stopped = f"{len(self.report.failures)} distinct failures (--max-failures)"
+            raise _Stopped
 
-    arms = plan(contract, variant, max_examples, device="cpu" if isolate else device,
-                budget=budget,
-                valid_share=valid_share, families=families, bucket=bucket, max_b=max_b,
-                seed=seed, max_bhv=max_bhv, parts=job[1])
-    arms = deal(arms, *job)
-    deadline = None if max_seconds is None else t0 + max_seconds
-    try:
-        _run_arms(arms, seed, body, state, report, minimize, deadline, judge)
-    finally:
-        for w in workers.values():
-            w.close()
-    report.seconds = time.monotonic() - t0
+    def _judge(self, pos: Position, index: int, case: Case, target: Target) -> Outcome:
+        return run_case(self.contract, case, target.fn, messages=self.options.messages,
+                        strict=self.options.strict,
+                        guard=lambda: self.recorder.call(pos, index))
+
+    def _count(self, outcome: Outcome, case: Case) -> None:
+        self.report.record(outcome, case)
+        if self.on_example is not None:
+            self.on_example(self.report)
+
+    def _failed(self, case: Case, verdict: Verdict, target: Target, *, confirmed: bool = False,
+                pos: Position | None = None, index: int = 0) -> None:
+        """Keep a new distinct failure (re-run first: one that does not come back every
+        time is ``flaky``) or count a repeat of a known one."""
+        failure = Failure(case, verdict, target.name)
+        known = self._known(failure)
+        if known is None and not confirmed and self.options.confirm_runs:
+            failure = self._confirm(failure, target, pos, index)
+            known = self._known(failure)
+        if known is not None:
+            known.count += 1
+            if self.on_failure is not None:
+                self.on_failure(known, False)
+            if verdict.kind in HARD_KINDS:
+                self._hard_repeats[known.signature] += 1
+                if self._hard_repeats[known.signature] >= HARD_REPEATS:
+                    self.stopped = (f"{target.name} {verdict.kind}ed {HARD_REPEATS + 1} times "
+                                    "the same way; each more costs a restart")
+                    raise _Stopped
+            return
+        if any(t.device.type == "cuda" for t in failure.case.tensors.values()):
+            failure.case = failure.case.on("cpu")
+        self.known[failure.signature] = failure
+        self.report.failures.append(failure)
+        if self.on_failure is not None:
+            self.on_failure(failure, True)
+
+    def _known(self, failure: Failure) -> Failure | None:
+        sig = failure.signature
+        if sig in self.seen and sig not in self.known:
+            self.known[sig] = replace(failure, count=0)  # kept elsewhere: count repeats
+        return self.known.get(sig)
+
+    def _confirm(self, failure: Failure, target: Target, pos: Position | None,
+                 index: int) -> Failure:
+        runs = self.options.confirm_runs
+        same = 0
+        for _ in range(runs):
+            again = (self._judge(pos, index, failure.case, target) if pos is not None
+                     else Outcome("fail", expectation(self.contract, failure.case),
+                                  failure.verdict))
+            same += again.verdict is not None and again.verdict.signature() == \
+                failure.verdict.signature()
+        if same == runs:
+            return failure
+        v = failure.verdict
+        flaky = Verdict("flaky", v.what, f"seen once, then in {same} of {runs} re-runs of the "
+                        f"same case: {v.detail}", v.check, v.message, v.output, v.max_error,
+                        v.where, {**v.extra, "reproduced": same, "reruns": runs,
+                                  "first_kind": v.kind})
+        return Failure(failure.case, flaky, failure.target)
+
+
+HARD_REPEATS = 5  # the same crash or hang this many times more ends a job's campaign
+
+
+def campaign(contract: Contract, variant: str, targets: list[Target], *,
+             minimize: Minimizer | None = None, shrink_seconds: float = 60.0,
+             peers: list[Target] | None = None,
+             on_example: Callable[[Report], None] | None = None,
+             stop: Callable[[], bool] | None = None, **options: Any) -> Report:
+    """Run a campaign in this process (targets called directly) and minimize each distinct
+    failure with ``minimize``; ``options`` are :class:`CampaignOptions` fields. Stops at
+    the first distinct failure unless ``max_failures`` says otherwise."""
+    options.pop("isolate", None)
+    options.pop("timeout", None)
+    c = Campaign(contract, variant, targets, peers=peers, options=CampaignOptions(**options),
+                 on_example=on_example, stop=stop)
+    report = c.run()
+    if c.stopped and c.stopped != "stopped":
+        report.notes.append(f"stopped: {c.stopped}")
+    if minimize is not None:
+        by_name = {t.name: t for t in c.targets}
+        for f in report.failures:
+            target = by_name.get(f.target)
+            if target is None or not minimizable(f.verdict):
+                continue
+            f.original = f.case
+            f.case, f.verdict = minimize(f.case, target, f.verdict,
+                                         lambda cand, t=target: run_case(
+                                             contract, cand, t.fn, messages=c.options.messages,
+                                             strict=c.options.strict))
     return report
 
 
-CHUNK = 25
-
-
-def _run_arms(arms: list[Arm], seed: int | None, body: Callable[[Case], None],
-              state: dict[str, Any], report: Report,
-              minimize: Minimizer | None, deadline: float | None,
-              judge: Callable[[Case, Target], Outcome]) -> None:
-    """Run each arm as its own Hypothesis test; with a deadline, in chunks until it passes."""
-    rounds = 0
-    while True:
-        for arm in arms:
-            if deadline is not None and time.monotonic() > deadline:
-                return
-            n = arm.examples if deadline is None else min(arm.examples, CHUNK)
-            test = settings(
-                max_examples=n,
-                database=None,
-                deadline=None,
-                phases=(Phase.generate, Phase.shrink),
-                suppress_health_check=list(HealthCheck),
-                report_multiple_bugs=False,
-                print_blob=False,
-            )(given(arm.strategy)(body))
-            if seed is not None or rounds:
-                test = hypothesis_seed(((seed or 0) * 1009 + arm.index) * 7919 + rounds)(test)
-            try:
-                test()
-            except _Stopped:
-                return
-            except _Found:
-                case, verdict, target = state["last"]
-                failure = Failure(case, verdict, target.name)
-                hard = verdict.kind in HARD_KINDS or verdict.what.startswith("peers-")
-                if minimize is not None and not hard:
-                    failure.original = case
-                    failure.case, failure.verdict = minimize(
-                        case, target, verdict, lambda c, t=target: judge(c, t))
-                report.failures.append(failure)
-                return
-        if deadline is None:
-            return
-        rounds += 1
+def minimizable(verdict: Verdict) -> bool:
+    """Whether a failure can be shrunk by re-running candidates in this process: not a
+    crash, hang, flaky failure or peer disagreement."""
+    return verdict.kind not in (*HARD_KINDS, "flaky") and not verdict.what.startswith("peers-")

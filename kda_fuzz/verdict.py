@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-Kind = Literal["contract", "mismatch", "crash", "timeout"]
+Kind = Literal["contract", "mismatch", "crash", "timeout", "flaky"]
 
 
 @dataclass(frozen=True)
@@ -14,8 +14,9 @@ class Verdict:
 
     ``kind``: ``contract`` (wrong or missing error, error on a valid layout, mutation on
     error), ``mismatch`` (numbers or semantics of an accepted call), ``crash`` (the process
-    died), ``timeout`` (it never returned). ``what`` names the failed property, stable
-    across runs (used to decide whether a smaller case "fails the same way").
+    died), ``timeout`` (it never returned), ``flaky`` (a failure that did not come back on
+    every re-run of the same case; ``extra`` says how often it did). ``what`` names the
+    failed property, stable across runs.
     """
 
     kind: Kind
@@ -28,8 +29,16 @@ class Verdict:
     where: list[int] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def signature(self, variant: str = "") -> tuple[Any, ...]:
+        """What makes two failures "the same": kind, property, check, exception type, the
+        output that differs and the contract variant. The one definition used by the
+        campaign (distinct failures and repeats), the minimizer and the reports."""
+        return (self.kind, self.what, self.check, self.extra.get("exception"), self.output,
+                variant)
+
     def same_failure(self, other: Verdict | None) -> bool:
-        return other is not None and (self.kind, self.what) == (other.kind, other.what)
+        """Same :meth:`signature` (the variant is the case's, shared by both)."""
+        return other is not None and self.signature() == other.signature()
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
