@@ -1,49 +1,68 @@
-"""How the KDA decode kernels execute on CPU tensors (there is no GPU on CI).
+"""How Helion and Triton kernels execute on CPU tensors (there is no GPU on CI).
 
 One switch, the environment variable ``KDA_FUZZ_CPU_MODE``, read at every launch:
 
 ``triton`` (default)
-    Helion compiles the kernel to Triton as it would for a GPU, and the generated Triton
-    runs under the Triton interpreter. Two interpreter gaps are bridged here:
-    ``libdevice`` calls (``libdevice.exp``, ``libdevice.sqrt``, ...) are stubs returning
-    None in the interpreter, so they are patched with numpy implementations for the
-    duration of the launch; and the kernel reads the slot index as a one-element tile
-    (``indices[tile_b]``), never as a loaded scalar, which Helion 1.4.0 would index as
-    ``slot[:, None]`` (a miscompile, not only an interpreter problem).
+    Helion compiles the kernel to Triton as it would for a GPU (one config: the kernel's
+    own, else Helion's default; never autotuning), and the generated Triton runs under
+    the Triton interpreter, patched for the launch (:func:`_interpreter_context`):
+    ``libdevice`` calls (``libdevice.exp``, ``libdevice.log1p``, ...) are stubs returning
+    None in the interpreter (the source of ``AttributeError("'NoneType' object has no
+    attribute 'type'")``), so they get numpy bodies, and stubs without one raise
+    :class:`ExecutionEnvironmentError` naming the function; bfloat16 is made safe
+    (below). A slot index loaded as a scalar and then indexed ``idx[:, None]`` by
+    Helion 1.4.0's codegen is fine in the interpreter (it broadcasts as a ``[1]``).
 ``eager``
     Helion's reference eager mode (what ``HELION_INTERPRET=1`` selects): the kernel body
-    runs as plain torch code. It exercises the kernel's math but not Helion's codegen.
+    runs as plain torch code. It exercises the kernel's math but not Helion's codegen,
+    and it is trusted for the project's own kernels only (:func:`run_helion`): with a
+    scalar-tensor ``idx``, ``state[idx, hv, tile_v.index, k_offsets]`` reads a diagonal
+    there (silently wrong numbers; stores fail), a pattern real kernels use, so any other
+    Helion kernel raises :class:`ExecutionEnvironmentError` in this mode.
 
-The hand-written Triton kernel always runs under the Triton interpreter on CPU tensors,
-whatever the mode. Both interpreted paths are built lazily from the kernel's Python
-function at launch time (``InterpretedFunction(kernel.fn)`` and a custom Helion
-``_launcher``), so, unlike plain ``TRITON_INTERPRET=1``, nothing depends on the order of
-environment variables and imports. :func:`configure_cpu` still exports
-``TRITON_INTERPRET=1`` on machines without CUDA so that third-party Triton kernels
-(reference peers) imported afterwards run too.
+Kernels written elsewhere. :func:`configure_cpu` hooks Helion's ``Kernel.__call__`` /
+``BoundKernel.__call__``, Triton's ``JITFunction.run``, ``InterpretedFunction.run`` and
+``Autotuner.run`` (as soon as each module is imported; helion is never imported here).
+From then on, any ``@helion.kernel`` called on CPU tensors runs as above, and any
+``@triton.jit`` kernel launched on CPU tensors runs under the same patched interpreter,
+whatever the order of ``TRITON_INTERPRET`` and imports (``@triton.autotune``: its first
+config). The project's own launches (:func:`launch_triton`,
+:func:`run_helion`) go straight to the interpreter. :func:`environment_error` tells a
+failure of this machinery (an interpreter gap, a GPU driver asked for on CPU, ...) from
+an error of the kernel's own, so that the former stops a campaign instead of becoming a
+verdict.
 
-Dtype coverage on CPU. The Triton interpreter holds bfloat16 as raw 16-bit words: bf16
-loads followed by ``.to(float32)`` are exact, but a float32 -> bf16 cast truncates
-(rounds toward zero; the GPU rounds to nearest even) and bf16 arithmetic is wrong or
-raises (``InterpreterBuilder`` has no ``get_bf16``). The kernels do all math in float32,
-so bf16 *inputs* are native in both interpreted paths; bf16 *outputs* (``out`` and the
-state pool) are staged through float32 scratch tensors of the same strides and copied
-back with torch's round-to-nearest-even (:func:`stage_bf16_outputs`). fp32 and fp16 are
-native everywhere (numpy float16 rounds to nearest even). The ``eager`` path is torch
-code and covers fp32, fp16 and bf16 natively.
+Dtype coverage on CPU. The Triton interpreter holds bfloat16 as raw 16-bit words and
+would compute on them silently wrong (``x + x``, ``tl.sum``, comparisons) or raise. Under
+the patches: casts to and from bf16 are exact or round to nearest even like a GPU (the
+stock interpreter truncates float32 -> bf16 and garbles the other bf16 casts), and any
+arithmetic, comparison or reduction on bf16 values raises
+:class:`ExecutionEnvironmentError`. So every path covers fp32 and fp16 natively (numpy
+float16 rounds to nearest even), and bf16 for kernels that upcast loads before computing
+(the contract's "all arithmetic in float32", as all kernels here do): bf16 loads, casts
+and stores are then bit-exact with a GPU (NaN payloads aside). Kernels that compute in
+bf16 cannot be judged on CPU (environment error, never a verdict). The project's own
+kernels additionally stage bf16 outputs through float32 scratch
+(:func:`stage_bf16_outputs`, from before these patches; same result). The ``eager`` path
+is torch code and covers fp32, fp16 and bf16.
 
 ``HELION_INTERPRET=1`` cannot be combined with ``TRITON_INTERPRET=1`` (Helion raises
 ``IncompatibleInterpretModes`` whenever a ``Settings()`` reads both). The kernels here
 pass ``ref_mode`` explicitly, so they never read that pair; :func:`configure_cpu`
 maps a ``HELION_INTERPRET=1`` found in the environment onto ``KDA_FUZZ_CPU_MODE=eager``
-and drops it when it has to set ``TRITON_INTERPRET=1``.
+and drops it when it has to set ``TRITON_INTERPRET=1``. A third-party kernel decorated
+with ref mode on is compiled from a ``ref_mode=OFF`` twin in ``triton`` mode.
 """
-
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
+import functools
+import importlib.abc
+import inspect
 import os
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal, cast
 
@@ -67,7 +86,8 @@ def cpu_mode() -> CpuMode:
 
 
 def configure_cpu(mode: CpuMode | None = None) -> CpuMode:
-    """Select the CPU mode (``None`` keeps the environment's) and make the env consistent.
+    """Select the CPU mode (``None`` keeps the environment's), make the env consistent and
+    install the hooks that run any Helion or Triton kernel called on CPU tensors here.
 
     Safe to call any number of times, before or after the kernels are imported.
     """
@@ -82,9 +102,28 @@ def configure_cpu(mode: CpuMode | None = None) -> CpuMode:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     if helion_interpret and os.environ.get("TRITON_INTERPRET") == "1":
         del os.environ["HELION_INTERPRET"]  # both set: Helion would refuse every Settings()
+    _install_hooks()
     return cpu_mode()
 
 
+class ExecutionEnvironmentError(RuntimeError):
+    """The CPU execution machinery cannot run a kernel: a fact about the environment,
+    never a verdict on the kernel."""
+
+
+EAGER_REFUSAL = (
+    f"{ENV_VAR}=eager runs only the project's own Helion kernels: Helion's eager mode "
+    "indexes `state[idx, hv, tile_v.index, k_offsets]` with a scalar `idx` as a diagonal "
+    "(silently wrong loads, failing stores; spec section 6), so a third-party Helion kernel "
+    f"would be judged on numbers it does not compute; use {ENV_VAR}=triton"
+)
+
+# True while the project's machinery launches a kernel: hooks let such calls through.
+_inside: contextvars.ContextVar[bool] = contextvars.ContextVar("kda_fuzz_inside", default=False)
+
+
+def _on_cpu(values: Any) -> bool:
+    return any(isinstance(v, torch.Tensor) and v.device.type == "cpu" for v in values)
 
 
 def uses_interpreter(t: torch.Tensor) -> bool:
@@ -95,6 +134,8 @@ def uses_interpreter(t: torch.Tensor) -> bool:
 # --- hand-written Triton kernels -------------------------------------------------------
 
 _interpreted: dict[Callable[..., Any], Any] = {}
+_GPU_LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "ptx_options",
+                       "launch_cooperative_grid")
 
 
 def _interpreted_fn(kernel: Any) -> Any:
@@ -106,6 +147,12 @@ def _interpreted_fn(kernel: Any) -> Any:
     return _interpreted[fn]
 
 
+def _run_interpreted(kernel: Any, grid: Any, args: Sequence[Any], meta: dict[str, Any]) -> Any:
+    meta = {k: v for k, v in meta.items() if k not in _GPU_LAUNCH_OPTIONS}
+    with _interpreter_context(kernel):
+        return _interpreted_fn(kernel).run(*args, grid=grid, warmup=False, **meta)
+
+
 def launch_triton(
     kernel: Any, grid: tuple[int, ...], device: torch.device, *args: Any, **meta: Any
 ) -> None:
@@ -113,50 +160,190 @@ def launch_triton(
     if device.type != "cpu":
         kernel[grid](*args, **meta)
         return
-    meta = {k: v for k, v in meta.items() if k not in ("num_warps", "num_stages")}
-    with _interpreter_context():
-        _interpreted_fn(kernel).run(*args, grid=grid, warmup=False, **meta)
+    _run_interpreted(kernel, grid, args, meta)
 
 
 # --- Helion kernels ----------------------------------------------------------------------
 
-_eager_twins: dict[int, Any] = {}
+_twins: dict[tuple[int, Any], Any] = {}
 
 
-def _eager_twin(kernel: Any) -> Any:
-    """The same Helion kernel with ``ref_mode=EAGER`` (built once per kernel)."""
+def _twin(kernel: Any, ref_mode: Any) -> Any:
+    """The same Helion kernel with another ``ref_mode`` (built once per kernel and mode)."""
     import helion
-    from helion.runtime.ref_mode import RefMode
 
-    key = id(kernel)
-    if key not in _eager_twins:
-        settings = dataclasses.replace(kernel.settings, ref_mode=RefMode.EAGER)
-        _eager_twins[key] = (
-            kernel,
-            helion.kernel(kernel.fn, configs=kernel.configs, settings=settings),
-        )
-    return _eager_twins[key][1]
+    key = (id(kernel), ref_mode)
+    if key not in _twins:
+        settings = dataclasses.replace(kernel.settings, ref_mode=ref_mode)
+        _twins[key] = (kernel, helion.kernel(kernel.fn, configs=kernel.configs, settings=settings))
+    return _twins[key][1]
 
 
 def _interpreter_launcher(
     triton_kernel: Any, grid: tuple[int, ...], *args: Any, **kwargs: Any
 ) -> None:
     """Helion ``_launcher`` running the generated Triton under the interpreter."""
-    for name in ("num_warps", "num_stages", "ptx_options", "launch_cooperative_grid"):
-        kwargs.pop(name, None)
-    _interpreted_fn(triton_kernel).run(*args, grid=grid, warmup=False, **kwargs)
+    _run_interpreted(triton_kernel, grid, args, kwargs)
+
+
+def _generated_triton_on_cpu(kernel: Any, args: Sequence[Any]) -> Any:
+    """Compile ``kernel`` for ``args`` with one config (no autotuning: the interpreter's
+    timings mean nothing) and run the generated Triton under the interpreter."""
+    from helion.runtime.ref_mode import RefMode, is_ref_mode_enabled
+
+    if is_ref_mode_enabled(kernel.settings):
+        kernel = _twin(kernel, RefMode.OFF)
+    bound = kernel.bind(tuple(args))
+    config = bound._implicit_config() or (kernel.configs[0] if kernel.configs else None)
+    compiled = bound.compile_config(config or bound.config_spec.default_config())
+    with _interpreter_context():
+        return compiled(*args, _launcher=_interpreter_launcher)
 
 
 def run_helion(kernel: Any, args: Sequence[Any]) -> Any:
-    """Run a ``@helion.kernel`` on ``args``: compiled on GPU, per ``cpu_mode()`` on CPU."""
+    """Run one of the project's ``@helion.kernel``: compiled on GPU, per ``cpu_mode()`` on
+    CPU (eager mode is trusted for the project's own kernels only)."""
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     if not tensors or tensors[0].device.type != "cpu":
         return kernel(*args)
+    token = _inside.set(True)
+    try:
+        if cpu_mode() == "eager":
+            from helion.runtime.ref_mode import RefMode
+
+            return _twin(kernel, RefMode.EAGER)(*args)
+        return _generated_triton_on_cpu(kernel, args)
+    finally:
+        _inside.reset(token)
+
+
+def _foreign_helion(kernel: Any, args: Sequence[Any]) -> Any:
+    """Any other Helion kernel called on CPU tensors after :func:`configure_cpu`."""
     if cpu_mode() == "eager":
-        return _eager_twin(kernel)(*args)
-    compiled = kernel.bind(tuple(args)).compile_config()
-    with _interpreter_context():
-        return compiled(*args, _launcher=_interpreter_launcher)
+        raise ExecutionEnvironmentError(EAGER_REFUSAL)
+    return _generated_triton_on_cpu(kernel, args)
+
+
+# --- hooks: third-party kernels called on CPU tensors ------------------------------------
+
+
+def _hook_helion(module: Any) -> None:
+    kernel_cls, bound_cls = module.Kernel, module.BoundKernel
+    if getattr(kernel_cls.__call__, "_kda_fuzz_hook", False):
+        return
+    kernel_call, bound_call = kernel_cls.__call__, bound_cls.__call__
+
+    @functools.wraps(kernel_call)
+    def call_kernel(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if _inside.get() or not _on_cpu((*args, *kwargs.values())):
+            return kernel_call(self, *args, **kwargs)
+        return _foreign_helion(self, self.normalize_args(*args, **kwargs) if kwargs else args)
+
+    @functools.wraps(bound_call)
+    def call_bound(self: Any, *args: Any) -> Any:
+        if _inside.get() or not _on_cpu(args):
+            return bound_call(self, *args)
+        return _foreign_helion(self.kernel, args)
+
+    call_kernel._kda_fuzz_hook = True  # type: ignore[attr-defined]
+    kernel_cls.__call__, bound_cls.__call__ = call_kernel, call_bound
+
+
+def _hook_jit(module: Any) -> None:
+    cls = module.JITFunction
+    if getattr(cls.run, "_kda_fuzz_hook", False):
+        return
+    run = cls.run
+
+    @functools.wraps(run)
+    def hooked(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
+        if warmup or _inside.get() or not _on_cpu((*args, *kwargs.values())):
+            return run(self, *args, grid=grid, warmup=warmup, **kwargs)
+        return _run_interpreted(self, grid, args, kwargs)
+
+    hooked._kda_fuzz_hook = True  # type: ignore[attr-defined]
+    cls.run = hooked
+
+
+def _hook_interpreter(module: Any) -> None:
+    cls = module.InterpretedFunction
+    if getattr(cls.run, "_kda_fuzz_hook", False):
+        return
+    run = cls.run
+
+    @functools.wraps(run)
+    def hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with _interpreter_context(self):
+            return run(self, *args, **kwargs)
+
+    hooked._kda_fuzz_hook = True  # type: ignore[attr-defined]
+    cls.run = hooked
+
+
+def _hook_autotuner(module: Any) -> None:
+    """On CPU tensors a ``@triton.autotune`` kernel runs its first config: benchmarking
+    needs a GPU driver, and the interpreter's timings would mean nothing."""
+    cls = module.Autotuner
+    if getattr(cls.run, "_kda_fuzz_hook", False):
+        return
+    run = cls.run
+
+    @functools.wraps(run)
+    def hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if len(self.configs) <= 1 or not _on_cpu((*args, *kwargs.values())):
+            return run(self, *args, **kwargs)
+        configs, self.configs = self.configs, self.configs[:1]
+        try:
+            return run(self, *args, **kwargs)
+        finally:
+            self.configs = configs
+
+    hooked._kda_fuzz_hook = True  # type: ignore[attr-defined]
+    cls.run = hooked
+
+
+_HOOKS: dict[str, Callable[[Any], None]] = {
+    "helion.runtime.kernel": _hook_helion,
+    "triton.runtime.jit": _hook_jit,
+    "triton.runtime.interpreter": _hook_interpreter,
+    "triton.runtime.autotuner": _hook_autotuner,
+}
+
+
+class _HookOnImport(importlib.abc.MetaPathFinder):
+    """Applies a hook of ``_HOOKS`` as soon as its module is imported (helion takes
+    seconds to import: configure_cpu must not import it)."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname not in _HOOKS:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        exec_module = getattr(spec.loader, "exec_module", None)
+        if exec_module is not None:
+
+            def exec_and_hook(module: Any) -> None:
+                exec_module(module)
+                _HOOKS[fullname](module)
+
+            spec.loader.exec_module = exec_and_hook
+        return spec
+
+
+def _install_hooks() -> None:
+    """Route Helion and Triton kernels called on CPU tensors through this module: Helion's
+    generated Triton and plain ``@triton.jit`` kernels under the patched interpreter."""
+    for name, hook in _HOOKS.items():
+        if name in sys.modules:
+            hook(sys.modules[name])
+    if not any(isinstance(f, _HookOnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _HookOnImport())
 
 
 # --- interpreter patches -------------------------------------------------------------------
@@ -204,7 +391,7 @@ _NP_LIBDEVICE: dict[str, Callable[..., Any]] = {
 }
 
 
-def _numpy_libdevice(np_fn: Callable[..., Any]) -> Callable[..., Any]:
+def _numpy_libdevice(name: str, np_fn: Callable[..., Any]) -> Callable[..., Any]:
     import triton.language as tl
     from triton.runtime.interpreter import TensorHandle
 
@@ -212,6 +399,10 @@ def _numpy_libdevice(np_fn: Callable[..., Any]) -> Callable[..., Any]:
         tensors = [a for a in args if isinstance(a, tl.tensor)]
         if not tensors:
             return np_fn(*args)
+        if any(t.dtype == tl.bfloat16 for t in tensors):
+            raise ExecutionEnvironmentError(
+                f"libdevice.{name} on bfloat16 values: the Triton interpreter holds bf16 as "
+                "raw 16-bit words and has no bfloat16 arithmetic")
         like = max(tensors, key=lambda t: t.handle.data.size)
         data = [a.handle.data if isinstance(a, tl.tensor) else a for a in args]
         result = np.asarray(np_fn(*data))
@@ -226,36 +417,267 @@ def _numpy_libdevice(np_fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+def _missing_libdevice(name: str) -> Callable[..., Any]:
+    def fn(*_: Any, **__: Any) -> Any:
+        raise ExecutionEnvironmentError(
+            f"libdevice.{name} has no implementation under the Triton interpreter "
+            "(its stub returns None) and none is patched in")
+
+    return fn
+
+
+def _bf16_to_f32(bits: np.ndarray) -> np.ndarray:
+    return (np.asarray(bits, np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def _f32_to_bf16(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bits, rounding to nearest even as a GPU does."""
+    x = np.ascontiguousarray(x, np.float32)
+    u = x.view(np.uint32).astype(np.uint64)
+    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    return np.where(np.isnan(x), ((u >> 16) | 0x40).astype(np.uint16), rounded)
+
+
+def _bf16_patches(interp: Any) -> list[tuple[Any, str, Any]]:
+    """Make bfloat16 safe in the interpreter, which holds it as raw 16-bit words: casts
+    to/from bf16 round to nearest even (the interpreter truncates, and garbles casts that
+    do not involve float32) and any arithmetic on bf16 values raises
+    :class:`ExecutionEnvironmentError` (the interpreter would compute on the raw words)."""
+    import triton.language as tl
+
+    bf16, builder = tl.bfloat16, interp.InterpreterBuilder
+    handle_cls = interp.TensorHandle
+
+    def refuse(*handles: Any) -> None:
+        if any(isinstance(h, handle_cls) and h.dtype.scalar == bf16 for h in handles):
+            raise ExecutionEnvironmentError(
+                "the Triton interpreter has no bfloat16 arithmetic (it computes on the raw "
+                "16-bit words); this kernel computes on bfloat16 values")
+
+    def guarded(name: str, check: Callable[..., tuple[Any, ...]]) -> tuple[Any, str, Any]:
+        original = getattr(builder, name)
+
+        def fn(self: Any, *args: Any) -> Any:
+            refuse(*check(*args))
+            return original(self, *args)
+
+        return builder, name, fn
+
+    cast_impl = builder.cast_impl
+
+    def cast(self: Any, src: Any, dst_type: Any) -> Any:
+        s, d = src.dtype.scalar, dst_type.scalar
+        if bf16 not in (s, d) or s == d:
+            return cast_impl(self, src, dst_type)
+        f32 = _bf16_to_f32(src.data) if s == bf16 else np.asarray(src.data).astype(np.float32)
+        data = _f32_to_bf16(f32) if d == bf16 else f32.astype(interp._get_np_dtype(d))
+        return handle_cls(data, d)
+
+    def get_bf16(self: Any, value: float) -> Any:
+        return handle_cls(_f32_to_bf16(np.array([value], np.float32)), bf16)
+
+    reduce_apply = interp.ReduceScanOpInterface.apply
+
+    def apply(self: Any, input: Any) -> Any:
+        tensors = input if isinstance(input, tuple) else (input,)
+        refuse(*(t.handle for t in tensors if isinstance(t, tl.tensor)))
+        return reduce_apply(self, input)
+
+    return [
+        (builder, "cast_impl", cast),
+        (builder, "get_bf16", get_bf16),
+        (interp.ReduceScanOpInterface, "apply", apply),
+        guarded("binary_op", lambda lhs, rhs, op: (lhs, rhs)),
+        guarded("ternary_op", lambda a, b, c, op: () if op is np.where else (a, b, c)),
+        guarded("unary_op", lambda arg, op: (arg,)),
+        guarded("create_fma", lambda x, y, z: (x, y, z)),
+        guarded("create_rsqrt", lambda arg: (arg,)),
+        guarded("create_erf", lambda arg: (arg,)),
+        guarded("create_dot", lambda a, b, d, *_: (a, b, d)),
+    ]
+
+
+_MISSING = object()
+# id(libdevice stub) -> its replacement, while an interpreter context is active
+_stub_replacements: dict[int, Callable[..., Any]] = {}
+
+
 @contextlib.contextmanager
-def _interpreter_context() -> Iterator[None]:
-    """Make the Triton interpreter behave as if ``TRITON_INTERPRET=1`` had been set at import.
+def _patched(patches: Sequence[tuple[Any, str, Any]]) -> Iterator[None]:
+    saved = [(obj, name, obj.__dict__.get(name, _MISSING) if isinstance(obj, type)
+              else getattr(obj, name, _MISSING)) for obj, name, _ in patches]
+    try:
+        for obj, name, value in patches:
+            setattr(obj, name, value)
+        yield
+    finally:
+        for obj, name, value in reversed(saved):
+            if value is _MISSING:
+                delattr(obj, name)
+            else:
+                setattr(obj, name, value)
+
+
+def _stub_globals(kernel: Any) -> list[tuple[Any, str, Any]]:
+    """Patches for libdevice stubs the kernel's module imported by name."""
+    fn = getattr(kernel, "fn", kernel)
+    scope = getattr(fn, "__globals__", None)
+    if not scope or not _stub_replacements:
+        return []
+    return [(_Namespace(scope), name, _stub_replacements[id(v)])
+            for name, v in list(scope.items()) if id(v) in _stub_replacements]
+
+
+class _Namespace:
+    """setattr/getattr over a dict (a module's globals)."""
+
+    def __init__(self, scope: dict[str, Any]) -> None:
+        object.__setattr__(self, "scope", scope)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.scope[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self.scope[name] = value
+
+    def __delattr__(self, name: str) -> None:
+        del self.scope[name]
+
+
+@contextlib.contextmanager
+def _interpreter_context(kernel: Any = None) -> Iterator[None]:
+    """Make the Triton interpreter behave as if ``TRITON_INTERPRET=1`` had been set at import,
+    and fill its gaps.
 
     With the variable unset when triton was imported, triton's own ``@jit`` helpers
     (``tl.sum``, ``tl.sigmoid``, ...) are compiled-mode ``JITFunction`` objects that refuse
-    to be called; they are routed to the interpreter here. ``libdevice`` gets real bodies
+    to be called; they are routed to the interpreter here. ``libdevice`` gets numpy bodies
+    (stubs without one raise :class:`ExecutionEnvironmentError`; ``kernel``'s module gets
+    the same for stubs it imported by name), bfloat16 is made safe (:func:`_bf16_patches`)
     and numpy's IEEE warnings are silenced (a GPU does not warn on overflow either).
+    Nested contexts only add ``kernel``'s globals.
     """
+    if _inside.get() and _stub_replacements:
+        with _patched(_stub_globals(kernel)):
+            yield
+        return
     import triton
     from triton.language.extra import libdevice
+    from triton.runtime import interpreter
     from triton.runtime.jit import JITFunction
 
-    saved = {name: getattr(libdevice, name) for name in _NP_LIBDEVICE if hasattr(libdevice, name)}
-    jit_call = JITFunction.__call__
+    stubs = {name: fn for name, fn in vars(libdevice).items()
+             if inspect.isfunction(fn) and fn.__module__ == libdevice.__name__}
+    replacements = {name: _numpy_libdevice(name, _NP_LIBDEVICE[name]) if name in _NP_LIBDEVICE
+                    else _missing_libdevice(name) for name in stubs}
+    patches = [(libdevice, name, fn) for name, fn in replacements.items()]
+    patches += [(JITFunction, "__call__", _call_interpreted), *_bf16_patches(interpreter)]
+    token = _inside.set(True)
+    _stub_replacements.update({id(stubs[name]): fn for name, fn in replacements.items()})
     try:
-        for name in saved:
-            setattr(libdevice, name, _numpy_libdevice(_NP_LIBDEVICE[name]))
-        JITFunction.__call__ = _call_interpreted  # type: ignore[method-assign]
-        with triton.knobs.runtime.scope(), np.errstate(all="ignore"):
+        with _patched(patches), _patched(_stub_globals(kernel)), triton.knobs.runtime.scope(), \
+                np.errstate(all="ignore"):
             triton.knobs.runtime.interpret = True
             yield
     finally:
-        JITFunction.__call__ = jit_call  # type: ignore[method-assign]
-        for name, fn in saved.items():
-            setattr(libdevice, name, fn)
+        _stub_replacements.clear()
+        _inside.reset(token)
 
 
 def _call_interpreted(self: Any, *args: Any, **kwargs: Any) -> Any:
     return _interpreted_fn(self)(*args, **kwargs)
+
+
+# --- classifying failures -----------------------------------------------------------------
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the exceptions it was raised from or while handling, outermost first."""
+    chain: list[BaseException] = []
+    e: BaseException | None = exc
+    while e is not None and e not in chain:
+        chain.append(e)
+        e = e.__cause__ or (None if e.__suppress_context__ else e.__context__)
+    return chain
+
+
+def _raising_file(exc: BaseException) -> str | None:
+    tb = exc.__traceback__
+    if tb is None:
+        return None
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return os.path.abspath(tb.tb_frame.f_code.co_filename)
+
+
+def _module_file(name: str) -> str | None:
+    path = getattr(sys.modules.get(name), "__file__", None)
+    return os.path.abspath(path) if path else None
+
+
+def _under(file: str, package: str) -> bool:
+    init = _module_file(package)
+    return init is not None and file.startswith(os.path.dirname(init) + os.sep)
+
+
+def _machinery(file: str) -> bool:
+    """Files of the execution stack: triton, helion, torch, numpy and this module."""
+    return file == _module_file(__name__) or any(
+        _under(file, p) for p in ("triton", "helion", "torch", "numpy"))
+
+
+def _gap(e: BaseException, file: str) -> str | None:
+    """The cause when ``e``, raised in machinery file ``file``, is a known gap of it."""
+    msg = _one_line(e)
+    if file == _module_file(__name__):
+        return f"the CPU execution machinery failed: {msg}"
+    if file == _module_file("triton.runtime.interpreter") and (
+        isinstance(e, NotImplementedError)
+        or (isinstance(e, (ValueError, TypeError)) and str(e).startswith("unsupported"))
+    ):
+        return f"the Triton interpreter cannot run this kernel: {msg}"
+    if isinstance(e, AttributeError) and type(getattr(e, "obj", None)).__name__ == (
+        "InterpreterBuilder"
+    ):
+        return f"the Triton interpreter lacks an operation this kernel uses: {msg}"
+    if file == _module_file("triton.runtime.driver") or _under(file, "triton.backends"):
+        return f"Triton tried to launch on a GPU driver: {msg}"
+    if _under(file, "torch.cuda"):
+        return f"the kernel needs CUDA: {msg}"
+    return None
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(f"{type(e).__name__}: {e}".split())[:400]
+
+
+def environment_error(exc: BaseException) -> str | None:
+    """The one-line cause when ``exc``, raised while calling a target on CPU, comes from
+    the execution machinery rather than from the kernel; ``None`` when it is the kernel's.
+
+    Conservative: besides an :class:`ExecutionEnvironmentError` anywhere in the chain
+    (raised only by this module), an exception counts only when it was raised inside
+    triton, helion, torch, numpy or this module *and* is a known gap there (interpreter
+    features it lacks, a GPU driver or CUDA asked for on CPU, this module failing), and
+    only if every exception wrapping it was raised by that machinery too. Anything raised
+    by the kernel's own code (its validator, its wrapper, its device code), device
+    asserts, and shape or type errors the compiler would report on a GPU too, return None.
+    """
+    chain = _causes(exc)
+    for e in chain:
+        if isinstance(e, ExecutionEnvironmentError):
+            return _one_line(e)
+    for e in chain:
+        file = _raising_file(e)
+        if file is None or not _machinery(file):
+            return None
+        cause = _gap(e, file)
+        if cause is not None:
+            return cause
+    return None
 
 
 @contextlib.contextmanager

@@ -1,0 +1,6 @@
+"""Third-party-style kernels of the packed KDA decode contract (test fixtures).
+
+Written from the spec in the idioms real kernels use and the project's own kernels
+avoid (scalar slot index, ``hl.arange`` offsets, whole-K slices), to check that the CPU
+execution paths in ``kernels.kda_decode._execution`` run foreign kernels too.
+"""
