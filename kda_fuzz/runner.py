@@ -293,10 +293,13 @@ def campaign(
             return state["hard"][(target.name, fp)]
         inflight = None
         if inflight_dir is not None:
-            from .corpus import save_case
+            from .corpus import CaseTooLarge, save_case
 
-            inflight = save_case(case, None, inflight_dir,
-                                 description=f"in flight on {target.name}")
+            try:
+                inflight = save_case(case, None, inflight_dir,
+                                     description=f"in flight on {target.name}")
+            except CaseTooLarge:  # over the corpus cap: run it without a crash record
+                inflight = None
         outcome = workers[target.name].run(case)
         if outcome.verdict is not None and outcome.verdict.kind in HARD_KINDS:
             state["hard"][(target.name, fp)] = outcome
