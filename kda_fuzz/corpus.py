@@ -205,7 +205,7 @@ def _fill_element(base: torch.Tensor) -> bytes | None:
         return None
     flat = base.detach().reshape(-1)
     words = flat.view(_INT_OF_SIZE[flat.element_size()])
-    if not bool(torch.all(words == words[0])):
+    if bool(words[0] != words[-1]) or not bool(torch.all(words == words[0])):
         return None
     return _le_bytes(flat[:1])
 

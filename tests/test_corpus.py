@@ -12,6 +12,7 @@ import tracemalloc
 import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -514,6 +515,109 @@ def test_minimize_returns_the_case_when_nothing_reproduces() -> None:
     from kernels.kda_decode import reference_kda_packed_decode
 
     assert minimize(KDA, case, reference_kda_packed_decode, fake, seconds=5) is case
+
+
+def _grid_target(limit: int) -> Callable[..., Any]:
+    """A target whose launch grid has ``B * HV`` blocks on an axis holding ``limit - 1``:
+    it raises as CUDA does (``invalid argument``) from ``limit`` on, else it is correct."""
+    from kernels.kda_decode import reference_kda_packed_decode
+
+    def decode(*args: Any) -> Any:
+        b = args[2]
+        if b.shape[0] * b.shape[1] >= limit:
+            raise RuntimeError("Triton Error [CUDA]: invalid argument")
+        return reference_kda_packed_decode(*args)
+
+    return decode
+
+
+def _only_with(test: Callable[[torch.Tensor], bool]) -> Callable[..., Any]:
+    """A target that raises when ``test(initial_state)`` holds, else is correct."""
+    from kernels.kda_decode import reference_kda_packed_decode
+
+    def decode(*args: Any) -> Any:
+        if test(args[6]):
+            raise RuntimeError("Triton Error [CUDA]: invalid argument")
+        return reference_kda_packed_decode(*args)
+
+    return decode
+
+
+def test_minimize_by_bytes_keeps_the_product_the_failure_needs(tmp_path: Path) -> None:
+    # The issue's layout: ~200 MB of tensors; the failure needs B * HV >= 2000 only.
+    case = build(KdaLayout(B=4096, H=4, HV=32, K=96, V=2), "triton")
+    assert encoded_size(case) > 150 << 20
+    target = _grid_target(2000)
+    first = run_case(KDA, case, target)
+    assert first.verdict is not None and first.verdict.what == "rejected-valid-layout"
+    small, final = minimize_with_verdict(KDA, case, target, first.verdict, seconds=60)
+    B, HV = small.tensors["b"].shape
+    V, K = small.tensors["initial_state"].shape[2:]
+    assert B * HV >= 2000 and B * HV < 2100 and (K, V) == (1, 1), small.describe()
+    assert small.notes["minimized_bytes"][1] < 4096, small.notes
+    again = run_case(KDA, small, target)
+    assert first.verdict.same_failure(again.verdict)
+    path = save_case(small, final, tmp_path)
+    assert path.stat().st_size < 16 << 10
+    loaded, _, _ = load_case(path)
+    assert first.verdict.same_failure(run_case(KDA, loaded, target).verdict)
+
+
+def test_minimize_keeps_the_k_the_failure_needs() -> None:
+    case = _case(B=16, H=2, HV=4, K=96, V=8, spare_slots=3)
+    target = _only_with(lambda st: st.shape[-1] == 96)
+    first = run_case(KDA, case, target)
+    assert first.verdict is not None
+    small = minimize(KDA, case, target, first.verdict, seconds=30)
+    assert small.tensors["initial_state"].shape[1:] == (1, 1, 96), small.describe()
+    assert small.tensors["b"].shape == (1, 1)
+
+
+@pytest.mark.parametrize(("variant", "V"), [("triton", 3), ("helion", 4)])
+def test_minimize_channel_counts_follow_the_variant(variant: str, V: int) -> None:
+    # helion has check 14 (powers of two only); triton takes any count
+    case = _case(variant, B=2, HV=2, K=8, V=16)
+    target = _only_with(lambda st: st.shape[-2] >= 3)
+    first = run_case(KDA, case, target)
+    assert first.verdict is not None
+    small = minimize(KDA, case, target, first.verdict, seconds=30)
+    assert small.tensors["initial_state"].shape[-2:] == (V, 1), small.describe()
+
+
+def test_trading_rows_for_heads_keeps_every_row_heads_numbers() -> None:
+    from kda_fuzz.minimize import _merge_rows, _sizes, _split_heads
+    from kda_fuzz.oracle import call_args
+    from kernels.kda_decode import reference_kda_packed_decode
+
+    def outputs(c: Case) -> tuple[torch.Tensor, torch.Tensor]:
+        kwargs, _ = c.materialize()
+        out, state = reference_kda_packed_decode(*call_args(KDA, kwargs))
+        idx = kwargs["ssm_state_indices"].long()
+        return out[:, 0], state[idx.clamp(min=0)]  # [B, HV, V], [B, HV, V, K]
+
+    case = _case(B=4, H=2, HV=4, K=4, V=2, spare_slots=1, padding="first")
+    for name in ("A_log", "dt_bias"):  # the halves share these in the split layout
+        arg = case.tensors[name]
+        half = arg.view().reshape(4, -1)[:2]
+        arg.view().copy_(torch.cat([half, half]).reshape(-1))
+    sz = _sizes(case)
+    assert sz is not None
+    out, state = outputs(case)
+    live = case.tensors["ssm_state_indices"].view() >= 0
+
+    split = _split_heads(case, sz)
+    assert expectation(KDA, split).ok and _sizes(split) == replace(sz, B=8, H=1, HV=2, slots=10)
+    s_out, s_state = outputs(split)
+    assert torch.equal(torch.cat([s_out[:4], s_out[4:]], 1), out)
+    both = torch.cat([s_state[:4], s_state[4:]], 1)
+    assert torch.equal(both[live], state[live])
+
+    merged = _merge_rows(case, sz)
+    assert expectation(KDA, merged).ok and _sizes(merged) == replace(sz, B=2, H=4, HV=8,
+                                                                       slots=2)
+    m_out, m_state = outputs(merged)  # row 0 is padding: its half now runs on zeros
+    assert torch.equal(m_out[:, 4:], out[2:]) and torch.equal(m_out[1, :4], out[1])
+    assert torch.equal(m_state[:, 4:], state[2:]) and torch.equal(m_state[1, :4], state[1])
 
 
 # ------------------------------------------------------------------ pytest collection
