@@ -7,8 +7,10 @@ still fails the same way (same verdict ``kind`` and ``what``, and for contract f
 the same check), so the result never fails differently from the input. The work is
 bounded by ``seconds``.
 
-The objective is the size of the corpus file the case makes: the encoded bytes of its
-tensors (:func:`kda_fuzz.corpus.encoded_base_size`: fills and zlib-compressed bytes).
+The objective (:func:`case_cost`) is the size of the corpus file the case makes: the
+encoded bytes of its tensors (:func:`kda_fuzz.corpus.encoded_base_size`: fills and
+zlib-compressed bytes), plus ``1 / RAW_WEIGHT`` of their bytes in memory and of their
+sizes, so that among cases of one file size (all fills, say) the smaller layout wins.
 Each step gathers every move below, predicts the size of its result from the sizes it
 would give (without building it), and tries the moves in order of predicted size,
 smallest first, so a time budget goes to the biggest savings (moves predicted under
@@ -253,8 +255,9 @@ def _raw_after(arg: TensorArg, shape: Sequence[int], dtype: torch.dtype | None =
 
 class _Costs:
     """The objective: a tensor costs its encoded bytes in a corpus file plus
-    ``1 / RAW_WEIGHT`` of its bytes in memory (so that, among cases of one file size, the
-    smaller layout wins). Each base is encoded once."""
+    ``1 / RAW_WEIGHT`` of its bytes in memory and of its sizes' sum (so that, among cases
+    of one file size, the smaller layout wins, empty tensors included). Each base is
+    encoded once."""
 
     def __init__(self) -> None:
         self._memo: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
@@ -268,26 +271,26 @@ class _Costs:
         self._memo[id(base)] = (weakref.ref(base), size)
         return size
 
-    def tensor(self, arg: TensorArg) -> int:
-        return self.encoded(arg) + _raw_bytes(arg) // RAW_WEIGHT
+    def tensor(self, arg: TensorArg) -> float:
+        return self.encoded(arg) + (_raw_bytes(arg) + sum(arg.shape)) / RAW_WEIGHT
 
-    def case(self, case: Case) -> int:
+    def case(self, case: Case) -> float:
         return sum(self.tensor(t) for t in case.tensors.values())
 
     def encoded_case(self, case: Case) -> int:
         return sum(self.encoded(t) for t in case.tensors.values())
 
-    def predict(self, case: Case, raw: Mapping[str, int]) -> float:
-        """The cost of ``case`` once the named tensors hold ``raw`` bytes each, encoded
-        as densely as they are now."""
+    def predict(self, case: Case, after: Mapping[str, tuple[int, Sequence[int]]]) -> float:
+        """The cost of ``case`` once the named tensors hold (bytes, shape) ``after``, their
+        bytes encoded as densely as now."""
         total = float(self.case(case))
-        for name, n in raw.items():
+        for name, (n, shape) in after.items():
             arg = case.tensors[name]
             if arg.device.type == "meta":  # no bytes in the file, none in memory
                 continue
             enc, before = self.encoded(arg), _raw_bytes(arg)
             ratio = enc / before if before else 4 / 3
-            total += ratio * n + n / RAW_WEIGHT - self.tensor(arg)
+            total += ratio * n + (n + sum(shape)) / RAW_WEIGHT - self.tensor(arg)
         return total
 
 
@@ -315,7 +318,7 @@ class _Step:
         if sz not in self._memo:
             shapes = _shapes(sz)
             self._memo[sz] = self.costs.predict(self.case, {
-                n: _raw_after(a, shapes[n]) for n, a in self.case.tensors.items()
+                n: (_raw_after(a, shapes[n]), shapes[n]) for n, a in self.case.tensors.items()
                 if n in shapes and len(a.shape) == len(shapes[n])})
         return self._memo[sz]
 
@@ -689,9 +692,9 @@ def _truncate_moves(case: Case, costs: _Costs) -> Iterator[_Move]:
             return _replace(case, {name: _select(t[name], 0, range(t[name].shape[0] - drop))
                                    for name in names})
 
-        size = costs.predict(case, {name: _raw_after(t[name], (t[name].shape[0] - drop,
-                                                               *t[name].shape[1:]))
-                                    for name in names})
+        shapes = {name: (t[name].shape[0] - drop, *t[name].shape[1:]) for name in names}
+        size = costs.predict(case, {name: (_raw_after(t[name], shape), shape)
+                                    for name, shape in shapes.items()})
         yield _Move(f"drop {drop} trailing row(s) of {B}", build, size)
     st = t.get("initial_state")
     if st is not None and len(st.shape) == 4:
@@ -700,8 +703,8 @@ def _truncate_moves(case: Case, costs: _Costs) -> Iterator[_Move]:
             if 0 < n < slots:
                 yield _Move(f"keep {n} slot(s) of {slots}",
                             lambda n=n: _replace(case, {"initial_state": _select(st, 0, range(n))}),
-                            costs.predict(case, {"initial_state": _raw_after(
-                                st, (n, *st.shape[1:]))}))
+                            costs.predict(case, {"initial_state": (_raw_after(
+                                st, (n, *st.shape[1:])), (n, *st.shape[1:]))}))
 
 
 def _retype(case: Case, names: Sequence[str], dtype: torch.dtype) -> Case:
@@ -710,12 +713,12 @@ def _retype(case: Case, names: Sequence[str], dtype: torch.dtype) -> Case:
                                         t[n].offset) for n in names})
 
 
-def _dtype_moves(case: Case, costs: _Costs, size: int) -> Iterator[_Move]:
+def _dtype_moves(case: Case, costs: _Costs, size: float) -> Iterator[_Move]:
     t = case.tensors
 
     def move(label: str, names: Sequence[str], dtype: torch.dtype, simplify: bool) -> _Move:
-        raw = {n: t[n].base.numel() * dtype.itemsize for n in names}
-        return _Move(label, lambda: _retype(case, names, dtype), costs.predict(case, raw),
+        after = {n: (t[n].base.numel() * dtype.itemsize, t[n].shape) for n in names}
+        return _Move(label, lambda: _retype(case, names, dtype), costs.predict(case, after),
                      simplify)
 
     floats = [n for n, a in t.items() if a.dtype.is_floating_point and a.dtype != torch.float32]
@@ -737,7 +740,7 @@ def _dtype_moves(case: Case, costs: _Costs, size: int) -> Iterator[_Move]:
             yield move(f"{n} to {name}", [n], half, False)
 
 
-def _scalar_moves(case: Case, size: int) -> Iterator[_Move]:
+def _scalar_moves(case: Case, size: float) -> Iterator[_Move]:
     s = case.scalars
 
     def move(label: str, **scalars: Any) -> _Move:
@@ -776,10 +779,12 @@ def _layout_moves(case: Case, costs: _Costs) -> Iterator[_Move]:
         return _replace(case, new)
 
     def dense(names: Sequence[str]) -> float:
-        return costs.predict(case, {n: _raw_after(t[n], t[n].shape) for n in names})
+        return costs.predict(case, {n: (_raw_after(t[n], t[n].shape), t[n].shape)
+                                    for n in names})
 
     def bare(names: Sequence[str]) -> float:
-        return costs.predict(case, {n: t[n].footprint() * t[n].dtype.itemsize for n in names})
+        return costs.predict(case, {n: (t[n].footprint() * t[n].dtype.itemsize, t[n].shape)
+                                    for n in names})
 
     strided = [n for n, a in t.items()
                if a.shape and a.stride != _contiguous_strides(a.shape)
@@ -795,7 +800,7 @@ def _layout_moves(case: Case, costs: _Costs) -> Iterator[_Move]:
         yield _Move(f"{n} guard cells removed", lambda n=n: unguarded([n]), bare([n]), True)
 
 
-def _value_moves(case: Case, costs: _Costs, size: int) -> Iterator[_Move]:
+def _value_moves(case: Case, costs: _Costs, size: float) -> Iterator[_Move]:
     t = case.tensors
     plans: list[tuple[str, str, Callable[[torch.Tensor], torch.Tensor]]] = [
         ("initial_state", "zero", torch.zeros_like),
@@ -851,10 +856,10 @@ def _structure(case: Case) -> tuple[Any, ...]:
                  for n, a in sorted(case.tensors.items()))
 
 
-def case_cost(case: Case) -> int:
+def case_cost(case: Case) -> float:
     """The minimizer's objective: the encoded bytes of ``case``'s tensors in a corpus file
     (:func:`kda_fuzz.corpus.encoded_base_size`; the file adds a few KiB of text) plus
-    ``1 / RAW_WEIGHT`` of their bytes in memory."""
+    ``1 / RAW_WEIGHT`` of their bytes in memory and of the sum of their sizes."""
     return _Costs().case(case)
 
 
@@ -911,7 +916,7 @@ def minimize_with_verdict(contract: Contract, case: Case, target_fn: Callable[..
     pow2 = any(c.number == 14 for c in contract.checks_for(case.variant)) \
         if contract.name == "kda" else False
 
-    def moves(c: Case, h: Verdict | None, size: int) -> list[_Move]:
+    def moves(c: Case, h: Verdict | None, size: float) -> list[_Move]:
         sz = structured(c)
         found: list[_Move] = []
         if sz is None:
