@@ -578,11 +578,11 @@ def _merge_rows(case: Case, sz: _Sizes) -> Case:
     if n == 0:
         raise _Skip("no slots")
     parts = torch.where(live[:, None, None, None], state[torch.where(live, idx, 0)],
-                        torch.zeros((), dtype=state.dtype))
+                        torch.zeros((), dtype=state.dtype, device=state.device))
     either = live[:h] | live[h:]
     pool = pair(parts)[either]
     if pool.shape[0] == 0:
-        pool = torch.zeros((1, 2 * HV, V, K), dtype=state.dtype)
+        pool = torch.zeros((1, 2 * HV, V, K), dtype=state.dtype, device=state.device)
     new_idx = torch.where(either, torch.cumsum(either.to(torch.int64), 0) - 1,
                           torch.where(idx[:h] < 0, idx[:h], -1))
     A_log, dt = t["A_log"].view(), t["dt_bias"].view()
