@@ -1,10 +1,10 @@
 """The regression corpus: failing cases saved as self-contained, bit-exact JSON files.
 
-File format (schema 1; the full reference is ``docs/corpus-format.md``). One JSON object,
+File format (schema 2; the full reference is ``docs/corpus-format.md``). One JSON object,
 UTF-8, standard JSON only (no ``NaN``/``Infinity`` literals)::
 
     {
-      "schema": 1,
+      "schema": 2,
       "kind": "mismatch",              # contract | mismatch | crash | timeout
       "description": "one line saying what the file guards against",
       "contract": {"family": "kda", "variant": "triton"},
@@ -20,28 +20,37 @@ UTF-8, standard JSON only (no ``NaN``/``Infinity`` literals)::
         "tensors": {
           "<name>": {"dtype": "float32", "device": "cpu",       # or "meta" (no bytes)
                      "shape": [...], "stride": [...], "storage_offset": 0,
-                     "base_numel": 12, "base_bytes": "<base64, little-endian>"}
+                     "base_numel": 12,
+                     "encoding": "zlib+base64",  # | "base64" | "fill" | null (meta)
+                     "base_bytes": "<base64>"}   # "fill": "<hex>" for fills
         }
       }
     }
 
 Every tensor argument is stored as its whole 1-D base buffer (guard cells included,
 bit for bit: NaN payloads and signed zeros survive) plus the strided view taken of it.
-Finite floats outside tensors are JSON numbers (Python's shortest round-trip repr);
-non-finite ones are ``{"$float": "nan" | "inf" | "-inf"}`` (``scale`` and ``lower_bound``
-must be finite). The file name is ``<kind>-<h>.json`` with ``h`` the first 16 hex digits
-of the SHA-256 of the canonical JSON (sorted keys, no whitespace) of ``contract``,
-``case.scalars``, ``case.tensors`` and ``case.notes.semantic``, so saving the same call
-twice gives one file (intent and other notes are information and do not count). Files
-are written atomically (a temporary file in the same folder, then ``os.replace``; see
-:mod:`kda_fuzz.atomic`).
-Folders are walked for ``**/*.json``, skipping hidden entries (``.inflight/``, temporary
-files).
+The base's little-endian bytes are written as a fill (``"fill"``: the hex of one
+element's bytes, repeated ``base_numel`` times) when every element has the same bits,
+else zlib-compressed (``zlib+base64``) when that is smaller, else as they are
+(``base64``). Schema 1 files (``base_bytes`` always plain base64, no ``encoding``) are
+still read. Finite floats outside tensors are JSON numbers (Python's shortest round-trip
+repr); non-finite ones are ``{"$float": "nan" | "inf" | "-inf"}`` (``scale`` and
+``lower_bound`` must be finite). The file name is ``<kind>-<h>.json`` with ``h`` the first
+16 hex digits of the SHA-256 of the canonical JSON (sorted keys, no whitespace) of
+``contract``, ``case.scalars``, ``case.tensors`` in their schema-1 form (plain base64
+``base_bytes``, whatever the file's encoding) and ``case.notes.semantic``, so saving the
+same call twice gives one file, under the name schema 1 gave it (intent and other notes
+are information and do not count). Files are written atomically (a temporary file in
+the same folder, then ``os.replace``; see :mod:`kda_fuzz.atomic`) and never above
+:data:`MAX_SAVED_BYTES` (:class:`CaseTooLarge`). Folders are walked for ``**/*.json``,
+skipping hidden entries (``.inflight/``, temporary files).
 
 Loading never imports, unpickles or evaluates anything named by the file: dtypes,
-devices, kinds and contract families are looked up in fixed tables, and every field is
-checked (types, sizes, bytes length, views inside their base) before a tensor is built.
-A bad file raises :class:`CorpusError` naming the file.
+devices, kinds, encodings and contract families are looked up in fixed tables, and every
+field is checked (types, sizes, bytes length, views inside their base) before a tensor
+is built. Decompression stops at the byte count the header announces, so a stream that
+inflates to more (a zip bomb) is rejected without being inflated. A bad file raises
+:class:`CorpusError` naming the file.
 
 Replay: the target always comes from the command line (or the project's kernels),
 never from the file. A file passes when the target now does what the contract
@@ -63,6 +72,8 @@ import os
 import platform
 import re
 import sys
+import uuid
+import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -75,11 +86,17 @@ from .contract import Contract
 from .oracle import Outcome, run_case
 from .verdict import Verdict
 
-SCHEMA = 1
+SCHEMA = 2
+READ_SCHEMAS = (1, 2)
 KINDS = ("contract", "mismatch", "crash", "timeout")
+ENCODINGS = ("base64", "zlib+base64", "fill")
 MAX_ELEMENTS = 2**28  # per base buffer and per view
 MAX_NDIM = 8
-MAX_FILE_BYTES = 1 << 31
+MAX_FILE_BYTES = 1 << 31  # read at most
+MAX_SAVED_BYTES = 16 << 20  # written at most
+ZLIB_LEVEL = 6
+EXACT_ESTIMATE_BYTES = 1 << 20  # encoded_base_size compresses bases up to this size
+_SAMPLE_BYTES, _SAMPLES = 1 << 16, 8  # ... and samples larger ones
 
 DTYPES: dict[str, torch.dtype] = {
     "float64": torch.float64,
@@ -110,6 +127,21 @@ class CorpusError(Exception):
         self.path = Path(path)
         self.reason = reason
         super().__init__(f"bad corpus file {self.path}: {reason}")
+
+
+class CaseTooLarge(Exception):
+    """A case whose corpus file would exceed ``limit`` bytes: nothing was written.
+
+    ``size`` is the exact size the file would have had; ``description`` the full layout
+    of the case (``Case.describe()``), for the report that replaces the file.
+    """
+
+    def __init__(self, size: int, description: str, limit: int = MAX_SAVED_BYTES) -> None:
+        self.size = size
+        self.description = description
+        self.limit = limit
+        super().__init__(f"not saved: {size / 2**20:.1f} MiB over the {limit / 2**20:g} MiB "
+                         f"cap ({description})")
 
 
 # ------------------------------------------------------------------ encoding
@@ -167,40 +199,102 @@ def _from_le_bytes(data: bytes, dtype: torch.dtype, numel: int) -> torch.Tensor:
     return words.view(dtype).clone()
 
 
-def _encode_tensor(arg: TensorArg) -> dict[str, Any]:
+def _fill_element(base: torch.Tensor) -> bytes | None:
+    """The bytes of the one element every element of ``base`` repeats, bit for bit."""
+    if base.device.type == "meta" or base.numel() == 0:
+        return None
+    flat = base.detach().reshape(-1)
+    words = flat.view(_INT_OF_SIZE[flat.element_size()])
+    if bool(words[0] != words[-1]) or not bool(torch.all(words == words[0])):
+        return None
+    return _le_bytes(flat[:1])
+
+
+def _encode_base(base: torch.Tensor) -> dict[str, Any]:
+    """The schema-2 ``encoding`` and payload fields of a base buffer."""
+    if base.device.type == "meta":
+        return {"encoding": None, "base_bytes": None}
+    element = _fill_element(base)
+    if element is not None:
+        return {"encoding": "fill", "fill": element.hex()}
+    raw = _le_bytes(base)
+    packed = zlib.compress(raw, ZLIB_LEVEL)
+    if len(packed) < len(raw):
+        return {"encoding": "zlib+base64", "base_bytes": base64.b64encode(packed).decode("ascii")}
+    return {"encoding": "base64", "base_bytes": base64.b64encode(raw).decode("ascii")}
+
+
+def _b64_len(n: int) -> int:
+    return 4 * ((n + 2) // 3)
+
+
+def encoded_base_size(base: torch.Tensor) -> int:
+    """Characters of the payload (``base_bytes`` or ``fill``) that saving ``base`` writes.
+
+    Exact for fills and for bases up to ``EXACT_ESTIMATE_BYTES``; a larger base is
+    estimated from ``_SAMPLES`` evenly spaced ``_SAMPLE_BYTES`` chunks compressed alone.
+    """
+    if base.device.type == "meta" or base.numel() == 0:
+        return 0
+    if _fill_element(base) is not None:
+        return 2 * base.element_size()
+    nbytes = base.numel() * base.element_size()
+    if nbytes <= EXACT_ESTIMATE_BYTES:
+        raw = _le_bytes(base)
+        return _b64_len(min(len(zlib.compress(raw, ZLIB_LEVEL)), len(raw)))
+    flat = base.detach().reshape(-1)
+    per = max(1, _SAMPLE_BYTES // flat.element_size())
+    starts = [round(i * (flat.numel() - per) / (_SAMPLES - 1)) for i in range(_SAMPLES)]
+    sampled = packed = 0
+    for start in starts:
+        raw = _le_bytes(flat[start:start + per])
+        sampled += len(raw)
+        packed += len(zlib.compress(raw, ZLIB_LEVEL))
+    return _b64_len(min(nbytes, math.ceil(nbytes * packed / sampled)))
+
+
+def _tensor_header(arg: TensorArg) -> dict[str, Any]:
     dtype = DTYPE_NAMES.get(arg.dtype)
     if dtype is None:
         raise ValueError(f"dtype {arg.dtype} cannot be stored in a corpus file")
-    meta = arg.device.type == "meta"
     return {
         "dtype": dtype,
-        "device": "meta" if meta else "cpu",
+        "device": "meta" if arg.device.type == "meta" else "cpu",
         "shape": list(arg.shape),
         "stride": list(arg.stride),
         "storage_offset": arg.offset,
         "base_numel": arg.base.numel(),
-        "base_bytes": None if meta else base64.b64encode(_le_bytes(arg.base)).decode("ascii"),
     }
 
 
-def _encode_case(case: Case) -> dict[str, Any]:
+def _encode_tensor(arg: TensorArg) -> dict[str, Any]:
+    return {**_tensor_header(arg), **_encode_base(arg.base)}
+
+
+def _check_scalars(case: Case) -> None:
     for name in ("scale", "lower_bound"):
         v = case.scalars.get(name)
         if isinstance(v, float) and not math.isfinite(v):
             raise ValueError(f"cannot save a case whose {name} is {v!r} (must be finite)")
+
+
+def _encode_case(case: Case, tensor: Callable[[TensorArg], dict[str, Any]] = _encode_tensor
+                 ) -> dict[str, Any]:
+    _check_scalars(case)
     return {
         "intent": list(case.intent),
         "notes": _jsonable(dict(sorted(case.notes.items()))),
         "scalars": {k: _jsonable(v) for k, v in sorted(case.scalars.items())},
-        "tensors": {n: _encode_tensor(t) for n, t in sorted(case.tensors.items())},
+        "tensors": {n: tensor(t) for n, t in sorted(case.tensors.items())},
     }
 
 
 def _canonical(contract: dict[str, Any], case: dict[str, Any]) -> str:
     """What names a file: the call's arguments and whether it is a semantic breakage.
 
-    Intent and the other notes are information (generator layouts, minimization steps)
-    and do not count, so the same call found twice is one file.
+    ``case["tensors"]`` in schema-1 form. Intent and the other notes are information
+    (generator layouts, minimization steps) and do not count, so the same call found
+    twice is one file.
     """
     content = {
         "contract": contract,
@@ -212,12 +306,39 @@ def _canonical(contract: dict[str, Any], case: dict[str, Any]) -> str:
 
 
 def case_digest(case: Case) -> str:
-    """The 16 hex digits that name a case's file (see :func:`_canonical`)."""
-    return _digest({"family": case.contract, "variant": case.variant}, _encode_case(case))
+    """The 16 hex digits that name a case's file (see :func:`_canonical`).
 
+    The hash runs over the schema-1 form of the tensors (plain base64 of each base), fed
+    in pieces, so it does not depend on how a file encodes them and matches the names
+    schema-1 files were given.
+    """
+    if any(t.device.type not in DEVICES for t in case.tensors.values()):
+        case = case.on("cpu")
+    token = uuid.uuid4().hex
+    payloads: dict[str, torch.Tensor] = {}
 
-def _digest(contract: dict[str, Any], case: dict[str, Any]) -> str:
-    return hashlib.sha256(_canonical(contract, case).encode()).hexdigest()[:16]
+    def schema_1(arg: TensorArg) -> dict[str, Any]:
+        head = _tensor_header(arg)
+        if arg.device.type == "meta":
+            return {**head, "base_bytes": None}
+        key = f"{token}{len(payloads)}"
+        payloads[key] = arg.base
+        return {**head, "base_bytes": key}
+
+    body = _encode_case(case, schema_1)
+    text = _canonical({"family": case.contract, "variant": case.variant}, body)
+    h = hashlib.sha256()
+    pos = 0
+    for key, base in sorted(payloads.items(), key=lambda kv: text.index(f'"{kv[0]}"')):
+        at = text.index(f'"{key}"', pos) + 1
+        h.update(text[pos:at].encode())
+        raw = memoryview(_le_bytes(base))
+        step = 3 << 18  # a multiple of 3: the chunks' base64 concatenates
+        for i in range(0, len(raw), step):
+            h.update(base64.b64encode(raw[i:i + step]))
+        pos = at + len(key)
+    h.update(text[pos:].encode())
+    return h.hexdigest()[:16]
 
 
 def _versions() -> dict[str, str | None]:
@@ -259,27 +380,73 @@ def _dumps(doc: dict[str, Any]) -> str:
                             + "]", text) + "\n"
 
 
-def encode_entry(case: Case, verdict: Verdict | None, *,
-                 origin: Mapping[str, Any] | None = None, description: str = ""
-                 ) -> tuple[str, str]:
-    """The file name and JSON text of a corpus entry (see :func:`save_case`)."""
-    if any(t.device.type not in DEVICES for t in case.tensors.values()):
-        case = case.on("cpu")
+def _document(case: Case, verdict: Verdict | None, origin: Mapping[str, Any] | None,
+              description: str, tensor: Callable[[TensorArg], dict[str, Any]]
+              ) -> dict[str, Any]:
     kind = _kind_of(case, verdict)
-    contract = {"family": case.contract, "variant": case.variant}
-    body = _encode_case(case)
     desc = " ".join(description.split()) or (verdict.summary() if verdict else kind)
-    doc = {
+    return {
         "schema": SCHEMA,
         "kind": kind,
         "description": desc[:300],
-        "contract": contract,
+        "contract": {"family": case.contract, "variant": case.variant},
         "verdict": _jsonable(verdict.to_json()) if verdict is not None else None,
         "origin": _jsonable(dict(origin or {})),
         "versions": _versions(),
-        "case": body,
+        "case": _encode_case(case, tensor),
     }
-    return f"{kind}-{_digest(contract, body)}.json", _dumps(doc)
+
+
+def _payload_of(entry: dict[str, Any]) -> str:
+    return entry.get("base_bytes") or entry.get("fill") or ""
+
+
+def _file_size(doc: dict[str, Any]) -> int:
+    """Bytes of ``_dumps(doc)``, counted without writing out the tensors' payloads.
+
+    Payloads are ASCII (base64, hex) and JSON-escape nothing, so they add their length.
+    """
+    tensors = doc["case"]["tensors"]
+    hollow = {n: {**e, **{k: "" for k in ("base_bytes", "fill") if e.get(k)}}
+              for n, e in tensors.items()}
+    skeleton = {**doc, "case": {**doc["case"], "tensors": hollow}}
+    return len(_dumps(skeleton).encode()) + sum(len(_payload_of(e)) for e in tensors.values())
+
+
+def encoded_size(case: Case) -> int:
+    """About the bytes :func:`save_case` writes for ``case`` (no verdict or description):
+    exact when every base is a fill or at most ``EXACT_ESTIMATE_BYTES``, sampled above.
+    """
+    if any(t.device.type not in DEVICES for t in case.tensors.values()):
+        case = case.on("cpu")
+
+    def estimate(arg: TensorArg) -> dict[str, Any]:
+        head = _tensor_header(arg)
+        if arg.device.type == "meta":
+            return {**head, "encoding": None, "base_bytes": None}
+        return {**head, "encoding": "zlib+base64", "base_bytes": "",
+                "size": encoded_base_size(arg.base)}
+
+    doc = _document(case, None, None, "", estimate)
+    tensors = doc["case"]["tensors"]
+    sizes = {n: e.pop("size", 0) for n, e in tensors.items()}
+    return _file_size(doc) + sum(sizes.values())
+
+
+def encode_entry(case: Case, verdict: Verdict | None, *,
+                 origin: Mapping[str, Any] | None = None, description: str = ""
+                 ) -> tuple[str, str]:
+    """The file name and JSON text of a corpus entry (see :func:`save_case`).
+
+    Raises :class:`CaseTooLarge` when the text would exceed ``MAX_SAVED_BYTES``.
+    """
+    if any(t.device.type not in DEVICES for t in case.tensors.values()):
+        case = case.on("cpu")
+    doc = _document(case, verdict, origin, description, _encode_tensor)
+    size = _file_size(doc)
+    if size > MAX_SAVED_BYTES:
+        raise CaseTooLarge(size, case.describe(), MAX_SAVED_BYTES)
+    return f"{doc['kind']}-{case_digest(case)}.json", _dumps(doc)
 
 
 def save_case(case: Case, verdict: Verdict | None, directory: str | os.PathLike[str], *,
@@ -288,7 +455,9 @@ def save_case(case: Case, verdict: Verdict | None, directory: str | os.PathLike[
 
     ``verdict`` ``None`` (a hand-made regression) files the case by what the contract
     expects: ``contract`` when it must be rejected, else ``mismatch``. The same case saved
-    twice, by any number of processes at once, ends up as one complete file.
+    twice, by any number of processes at once, ends up as one complete file. A case
+    whose file would exceed ``MAX_SAVED_BYTES`` (16 MiB) raises :class:`CaseTooLarge`
+    and writes nothing.
     """
     name, text = encode_entry(case, verdict, origin=origin, description=description)
     return write_atomic(Path(directory) / name, text)
@@ -344,7 +513,57 @@ def _int_list(obj: dict, key: str, where: str) -> tuple[int, ...]:
     return tuple(value)
 
 
-def _decode_tensor(name: str, obj: Any) -> TensorArg:
+def _inflate(packed: bytes, expected: int, where: str) -> bytes:
+    """The zlib stream ``packed``, which must inflate to exactly ``expected`` bytes; never
+    more than ``expected`` are produced, whatever the stream holds."""
+    d = zlib.decompressobj()
+    try:
+        data = d.decompress(packed, expected)
+        tail = d.unconsumed_tail
+        while not d.eof and tail:  # the end of the stream may follow the last byte
+            if d.decompress(tail, 1):
+                raise ValueError(f"{where}: the zlib stream inflates to more than the "
+                                 f"{expected} bytes base_numel needs")
+            tail = d.unconsumed_tail
+    except zlib.error as e:
+        raise ValueError(f"{where}: invalid zlib stream ({e})") from None
+    if not d.eof:
+        raise ValueError(f"{where}: truncated zlib stream (inflates to {len(data)} bytes "
+                         f"or more; {expected} bytes needed)")
+    if d.unused_data:
+        raise ValueError(f"{where}: {len(d.unused_data)} bytes after the end of the zlib "
+                         "stream")
+    return data
+
+
+def _decode_payload(obj: dict, where: str, schema: int, dtype_name: str, numel: int,
+                    itemsize: int) -> bytes | tuple[bytes, int]:
+    """The base's little-endian bytes, or (one element's bytes, count) for a fill."""
+    encoding = "base64" if schema == 1 else _field(obj, "encoding", str, where)
+    if encoding not in ENCODINGS:
+        raise ValueError(f"{where}: unknown encoding {encoding!r} (known: "
+                         f"{', '.join(ENCODINGS)})")
+    if encoding == "fill":
+        if obj.get("base_bytes") is not None:
+            raise ValueError(f"{where}: a fill carries no base_bytes")
+        text = _field(obj, "fill", str, where)
+        if len(text) != 2 * itemsize or not re.fullmatch(r"[0-9a-f]*", text):
+            raise ValueError(f"{where}.fill must be {2 * itemsize} lowercase hex digits "
+                             f"(one {dtype_name} element)")
+        return bytes.fromhex(text), numel
+    if "fill" in obj:
+        raise ValueError(f"{where}: only the fill encoding has a fill field")
+    text = _field(obj, "base_bytes", str, where)
+    try:
+        data = base64.b64decode(text.encode("ascii"), validate=True)
+    except (binascii.Error, UnicodeEncodeError) as e:
+        raise ValueError(f"{where}.base_bytes is not valid base64 ({e})") from None
+    if encoding == "zlib+base64":
+        return _inflate(data, numel * itemsize, f"{where}.base_bytes")
+    return data
+
+
+def _decode_tensor(name: str, obj: Any, schema: int = SCHEMA) -> TensorArg:
     where = f"case.tensors.{name}"
     dtype_name = _field(obj, "dtype", str, where)
     dtype = DTYPES.get(dtype_name)
@@ -371,15 +590,20 @@ def _decode_tensor(name: str, obj: Any) -> TensorArg:
                          f"{offset}) reaches element {max(reach, offset)} of a "
                          f"{numel}-element base")
     if device == "meta":
-        if obj.get("base_bytes") is not None:
-            raise ValueError(f"{where}: a meta tensor carries no base_bytes")
+        if obj.get("base_bytes") is not None or obj.get("fill") is not None \
+                or obj.get("encoding") is not None:
+            raise ValueError(f"{where}: a meta tensor carries no bytes (encoding, base_bytes "
+                             "and fill must be null or absent)")
         return TensorArg(torch.empty(numel, dtype=dtype, device="meta"), shape, stride, offset)
-    text = _field(obj, "base_bytes", str, where)
-    try:
-        data = base64.b64decode(text.encode("ascii"), validate=True)
-    except (binascii.Error, UnicodeEncodeError) as e:
-        raise ValueError(f"{where}.base_bytes is not valid base64 ({e})") from None
     itemsize = torch.empty(0, dtype=dtype).element_size()
+    data = _decode_payload(obj, where, schema, dtype_name, numel, itemsize)
+    if isinstance(data, tuple):
+        element, count = data
+        if dtype == torch.bool and element[0] > 1:
+            raise ValueError(f"{where}: bool bytes must be 0 or 1")
+        word = _from_le_bytes(element, dtype, 1).view(_INT_OF_SIZE[itemsize])
+        base = torch.full((count,), int(word.item()), dtype=word.dtype).view(dtype)
+        return TensorArg(base, shape, stride, offset)
     if len(data) != numel * itemsize:
         raise ValueError(f"{where}: base_bytes holds {len(data)} bytes; base_numel {numel} of "
                          f"{dtype_name} needs {numel * itemsize}")
@@ -412,9 +636,9 @@ def _decode(path: Path, doc: Any) -> tuple[Case, Verdict | None, dict[str, Any]]
     if not isinstance(doc, dict):
         raise ValueError("the file is not a JSON object")
     schema = _field(doc, "schema", int, "file")
-    if schema != SCHEMA:
+    if schema not in READ_SCHEMAS:
         raise ValueError(f"schema version {schema} is not supported (this kda-fuzz reads "
-                         f"schema {SCHEMA})")
+                         f"schemas {', '.join(map(str, READ_SCHEMAS))})")
     kind = _field(doc, "kind", str, "file")
     if kind not in KINDS:
         raise ValueError(f"unknown kind {kind!r} (known: {', '.join(KINDS)})")
@@ -453,7 +677,7 @@ def _decode(path: Path, doc: Any) -> tuple[Case, Verdict | None, dict[str, Any]]
     misplaced = [n for n in tensors_obj if n in scalar_kinds]
     if misplaced:
         raise ValueError(f"{', '.join(misplaced)} must be scalars, not tensors")
-    tensors = {n: _decode_tensor(n, tensors_obj[n]) for n in contract.signature
+    tensors = {n: _decode_tensor(n, tensors_obj[n], schema) for n in contract.signature
                if n in tensors_obj}
     scalars = {n: _decode_scalar(family, n, scalars_obj[n]) for n in contract.signature
                if n in scalars_obj}
@@ -491,8 +715,10 @@ def load_case(path: str | os.PathLike[str]) -> tuple[Case, Verdict | None, dict[
     """Read a corpus file: the case, its recorded verdict (or None) and the other fields.
 
     Raises :class:`CorpusError` (naming the file) for anything that is not a well-formed
-    schema-1 file: truncated or invalid JSON, wrong schema, unknown kind/dtype/device,
-    wrong byte counts, views reaching beyond their base, absurd sizes, missing fields.
+    schema-1 or schema-2 file: truncated or invalid JSON, unknown schema, unknown
+    kind/dtype/device/encoding, wrong byte counts (a zlib stream inflating to more or
+    less than the base needs, checked without inflating more), views reaching beyond
+    their base, absurd sizes, missing fields.
     """
     p = Path(path)
     try:
@@ -512,8 +738,8 @@ def load_case(path: str | os.PathLike[str]) -> tuple[Case, Verdict | None, dict[
         return _decode(p, doc)
     except CorpusError:
         raise
-    except (ValueError, TypeError, KeyError, OverflowError, RuntimeError) as e:
-        raise CorpusError(p, str(e)) from None
+    except (ValueError, TypeError, KeyError, OverflowError, RuntimeError, MemoryError) as e:
+        raise CorpusError(p, str(e) or type(e).__name__) from None
 
 
 # ------------------------------------------------------------------ replay

@@ -8,8 +8,11 @@ import json
 import multiprocessing
 import shutil
 import threading
+import tracemalloc
+import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +24,20 @@ import torch
 # be imported twice: importing them now, before any pytester fixture, keeps them loaded.
 import kernels.kda_decode.helion_kernel
 import kernels.kda_decode.triton_kernel  # noqa: F401
+from kda_fuzz import corpus
 from kda_fuzz.case import Case, TensorArg
 from kda_fuzz.cli import main as cli_main
 from kda_fuzz.contracts import get_contract
 from kda_fuzz.contracts.kda_layouts import KdaLayout, Values, build
-from kda_fuzz.corpus import CorpusError, case_digest, load_case, save_case
+from kda_fuzz.corpus import (
+    CaseTooLarge,
+    CorpusError,
+    case_digest,
+    encode_entry,
+    encoded_size,
+    load_case,
+    save_case,
+)
 from kda_fuzz.minimize import minimize, minimize_with_verdict
 from kda_fuzz.oracle import expectation, run_case
 from kda_fuzz.runner import Failure, fingerprint
@@ -136,8 +148,44 @@ def test_round_trip_of_a_runner_failure(tmp_path: Path) -> None:
 
 
 def _good_doc(tmp_path: Path) -> dict[str, Any]:
-    path = save_case(_case(B=2), None, tmp_path / "src", description="good")
-    return json.loads(path.read_text())
+    case = _case(B=2, values=Values(state_kind="zeros"))  # zeros inside NaN guards
+    path = save_case(case, None, tmp_path / "src", description="good")
+    doc = json.loads(path.read_text())
+    assert doc["schema"] == 2 and _t(doc)["encoding"] == "zlib+base64"
+    assert _t(doc, "out")["encoding"] == "fill"  # NaN guards and nothing else
+    return doc
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def _raw(doc: dict[str, Any], name: str = "initial_state") -> bytes:
+    """The little-endian bytes of a tensor's base, whatever the entry's encoding."""
+    entry = _t(doc, name)
+    if entry.get("encoding") == "fill":
+        return bytes.fromhex(entry["fill"]) * entry["base_numel"]
+    data = base64.b64decode(entry["base_bytes"])
+    return zlib.decompress(data) if entry.get("encoding") == "zlib+base64" else data
+
+
+def _schema_1(doc: dict[str, Any]) -> dict[str, Any]:
+    """The same file in schema 1 (plain base64 of every base, no encoding fields)."""
+    for name, entry in doc["case"]["tensors"].items():
+        if entry["device"] != "meta":
+            entry["base_bytes"] = _b64(_raw(doc, name))
+        entry.pop("encoding", None)
+        entry.pop("fill", None)
+    doc["schema"] = 1
+    return doc
+
+
+def _bomb(size: int) -> str:
+    """A zlib stream of ``size`` zero bytes, made without holding them."""
+    z = zlib.compressobj()
+    chunk = bytes(1 << 20)
+    parts = [z.compress(chunk) for _ in range(size // len(chunk))]
+    return _b64(b"".join(parts) + z.flush())
 
 
 def _t(doc: dict[str, Any], name: str = "initial_state") -> dict[str, Any]:
@@ -158,7 +206,7 @@ HOSTILE: dict[str, tuple[Callable[[dict[str, Any]], Any], str]] = {
     "nan-literal": (lambda d: json.dumps(d).replace('"lower_bound": null',
                                                     '"lower_bound": NaN'), "NaN"),
     "not-an-object": (lambda d: [d], "not a JSON object"),
-    "schema-2": (_set(lambda d: d.update(schema=2)), "schema version 2"),
+    "schema-3": (_set(lambda d: d.update(schema=3)), "schema version 3"),
     "schema-missing": (_set(lambda d: d.pop("schema")), "missing field file.schema"),
     "schema-bool": (_set(lambda d: d.update(schema=True)), "wrong type"),
     "unknown-kind": (_set(lambda d: d.update(kind="segfault")), "unknown kind"),
@@ -196,6 +244,32 @@ HOSTILE: dict[str, tuple[Callable[[dict[str, Any]], Any], str]] = {
                               "breakages"),
     "missing-tensor": (_set(lambda d: d["case"]["tensors"].pop("out")), "missing argument"),
     "missing-bytes": (_set(lambda d: _t(d).pop("base_bytes")), "missing field"),
+    # schema 2 encodings
+    "zip-bomb": (_set(lambda d: _t(d).update(base_bytes=_bomb(64 << 20))), "more than"),
+    "zlib-corrupt": (_set(lambda d: _t(d).update(base_bytes=_b64(b"not a zlib stream"))),
+                     "invalid zlib"),
+    "zlib-short": (_set(lambda d: _t(d).update(base_bytes=_b64(zlib.compress(
+        _raw(d)[:-4])))), "bytes"),
+    "zlib-trailing": (_set(lambda d: _t(d).update(base_bytes=_b64(zlib.compress(_raw(d))
+                                                                 + b"xx"))), "after the end"),
+    "unknown-encoding": (_set(lambda d: _t(d).update(encoding="lzma")), "unknown encoding"),
+    "encoding-missing": (_set(lambda d: _t(d).pop("encoding")), "missing field"),
+    "fill-not-hex": (_set(lambda d: _t(d).update(encoding="fill", base_bytes=None,
+                                                 fill="zzzzzzzz")), "hex digits"),
+    "fill-wrong-width": (_set(lambda d: _t(d).update(encoding="fill", base_bytes=None,
+                                                     fill="00")), "hex digits"),
+    "fill-and-bytes": (_set(lambda d: _t(d).update(encoding="fill", fill="00000000")),
+                       "no base_bytes"),
+    "bytes-and-fill": (_set(lambda d: _t(d).update(fill="00000000")), "only the fill"),
+    "bool-fill": (_set(lambda d: _t(d, "out").update(dtype="bool", encoding="fill",
+                                                      fill="02")), "bool"),
+    "meta-with-fill": (_set(lambda d: _t(d, "out").update(device="meta")), "no bytes"),
+    "fill-absurd": (_set(lambda d: _t(d, "out").update(base_numel=2**40)), "absurd size"),
+    # schema 1 files are still read, with their own checks
+    "schema-1-bytes-short": (_set(lambda d: _schema_1(d) and _t(d).update(
+        base_bytes=_b64(_raw(d)[:-4]))), "bytes"),
+    "schema-1-zlib-payload": (_set(lambda d: _schema_1(d) and _t(d).update(
+        base_bytes=_b64(zlib.compress(_raw(d))))), "bytes"),
     "extra-argument": (_set(lambda d: d["case"]["scalars"].update(evil="__import__('os')")),
                        "unknown argument"),
     "scalar-as-tensor": (_set(lambda d: d["case"]["tensors"].update(
@@ -221,6 +295,78 @@ def test_hostile_file_gives_corpus_error_naming_it(tmp_path: Path, name: str) ->
     msg = str(info.value)
     assert str(path) in msg and info.value.path == path
     assert HOSTILE[name][1].lower() in msg.lower(), msg
+
+
+def test_zip_bomb_is_refused_without_inflating_it(tmp_path: Path) -> None:
+    path = _write_hostile(tmp_path, "zip-bomb")  # 64 MiB of zeros for a ~2 KiB base
+    tracemalloc.start()
+    try:
+        with pytest.raises(CorpusError, match="inflates to more than"):
+            load_case(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, peak
+
+
+def test_schema_1_files_still_load_and_keep_their_names(tmp_path: Path) -> None:
+    seeds = sorted((ROOT / "corpus" / "seed").glob("*.json"))
+    assert seeds and all(json.loads(p.read_text())["schema"] == 1 for p in seeds)
+    for path in seeds:
+        case, verdict, meta = load_case(path)
+        assert meta["schema"] == 1 and path.stem.endswith(case_digest(case)), path
+        # saved again (schema 2, compressed): same name, same case, bit for bit
+        again = save_case(case, verdict, tmp_path, description=meta["description"])
+        assert again.name == path.name
+        loaded, _, meta2 = load_case(again)
+        assert meta2["schema"] == 2
+        _assert_same_case(case, loaded)
+    # and a schema-1 rendering of a schema-2 file is the same case
+    doc = _good_doc(tmp_path)
+    (tmp_path / "one.json").write_text(json.dumps(_schema_1(json.loads(json.dumps(doc)))))
+    (tmp_path / "two.json").write_text(json.dumps(doc))
+    one, two = load_case(tmp_path / "one.json")[0], load_case(tmp_path / "two.json")[0]
+    _assert_same_case(one, two)
+    assert case_digest(one) == case_digest(two)
+
+
+def test_fills_and_compression_are_bit_exact(tmp_path: Path) -> None:
+    case = _case(qkv_dtype=torch.bfloat16, state_dtype=torch.float16, idx_dtype=torch.int64)
+    t = case.tensors
+    t["initial_state"].base.view(torch.int16).fill_(0x7E01)  # one fp16 NaN payload: a fill
+    t["mixed_qkv"].base.fill_(-0.0)  # -0.0 everywhere, guards included: a fill
+    t["a"].base.view(torch.int32)[2:].fill_(0)  # zeros after two payload-NaN guards: zlib
+    t["a"].base.view(torch.int32)[:2] = 0x7FC00001
+    t["ssm_state_indices"].base.fill_(-1)
+    path = save_case(case, None, tmp_path)
+    doc = json.loads(path.read_text())
+    enc = {n: e["encoding"] for n, e in doc["case"]["tensors"].items()}
+    assert enc["initial_state"] == "fill" and _t(doc)["fill"] == "017e"
+    assert enc["mixed_qkv"] == "fill" and _t(doc, "mixed_qkv")["fill"] == "0080"
+    assert enc["a"] == "zlib+base64" and enc["ssm_state_indices"] == "fill"
+    assert _t(doc, "ssm_state_indices")["fill"] == "ff" * 8
+    loaded, _, _ = load_case(path)
+    _assert_same_case(case, loaded)
+    assert torch.equal(_bits(loaded.tensors["mixed_qkv"].base),
+                       _bits(torch.full((t["mixed_qkv"].base.numel(),), -0.0,
+                                        dtype=torch.bfloat16)))
+    assert path.name.endswith(f"{case_digest(case)}.json")
+    assert abs(encoded_size(case) - path.stat().st_size) < 400  # no verdict, description
+
+
+def test_save_never_writes_a_file_over_the_cap(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    case = _case(B=64, HV=4, K=16, V=16)
+    size = len(encode_entry(case, None)[1].encode())
+    monkeypatch.setattr(corpus, "MAX_SAVED_BYTES", size - 1)
+    with pytest.raises(CaseTooLarge) as info:
+        save_case(case, None, tmp_path)
+    assert info.value.size == size and info.value.limit == size - 1
+    assert info.value.description == case.describe()
+    assert str(info.value).startswith("not saved: ") and "MiB over the" in str(info.value)
+    assert not list(tmp_path.iterdir())
+    monkeypatch.setattr(corpus, "MAX_SAVED_BYTES", size)
+    assert save_case(case, None, tmp_path).stat().st_size == size
 
 
 def test_missing_file_and_empty_file(tmp_path: Path) -> None:
@@ -369,6 +515,109 @@ def test_minimize_returns_the_case_when_nothing_reproduces() -> None:
     from kernels.kda_decode import reference_kda_packed_decode
 
     assert minimize(KDA, case, reference_kda_packed_decode, fake, seconds=5) is case
+
+
+def _grid_target(limit: int) -> Callable[..., Any]:
+    """A target whose launch grid has ``B * HV`` blocks on an axis holding ``limit - 1``:
+    it raises as CUDA does (``invalid argument``) from ``limit`` on, else it is correct."""
+    from kernels.kda_decode import reference_kda_packed_decode
+
+    def decode(*args: Any) -> Any:
+        b = args[2]
+        if b.shape[0] * b.shape[1] >= limit:
+            raise RuntimeError("Triton Error [CUDA]: invalid argument")
+        return reference_kda_packed_decode(*args)
+
+    return decode
+
+
+def _only_with(test: Callable[[torch.Tensor], bool]) -> Callable[..., Any]:
+    """A target that raises when ``test(initial_state)`` holds, else is correct."""
+    from kernels.kda_decode import reference_kda_packed_decode
+
+    def decode(*args: Any) -> Any:
+        if test(args[6]):
+            raise RuntimeError("Triton Error [CUDA]: invalid argument")
+        return reference_kda_packed_decode(*args)
+
+    return decode
+
+
+def test_minimize_by_bytes_keeps_the_product_the_failure_needs(tmp_path: Path) -> None:
+    # The issue's layout: ~200 MB of tensors; the failure needs B * HV >= 2000 only.
+    case = build(KdaLayout(B=4096, H=4, HV=32, K=96, V=2), "triton")
+    assert encoded_size(case) > 150 << 20
+    target = _grid_target(2000)
+    first = run_case(KDA, case, target)
+    assert first.verdict is not None and first.verdict.what == "rejected-valid-layout"
+    small, final = minimize_with_verdict(KDA, case, target, first.verdict, seconds=60)
+    B, HV = small.tensors["b"].shape
+    V, K = small.tensors["initial_state"].shape[2:]
+    assert B * HV >= 2000 and B * HV < 2100 and (K, V) == (1, 1), small.describe()
+    assert small.notes["minimized_bytes"][1] < 4096, small.notes
+    again = run_case(KDA, small, target)
+    assert first.verdict.same_failure(again.verdict)
+    path = save_case(small, final, tmp_path)
+    assert path.stat().st_size < 16 << 10
+    loaded, _, _ = load_case(path)
+    assert first.verdict.same_failure(run_case(KDA, loaded, target).verdict)
+
+
+def test_minimize_keeps_the_k_the_failure_needs() -> None:
+    case = _case(B=16, H=2, HV=4, K=96, V=8, spare_slots=3)
+    target = _only_with(lambda st: st.shape[-1] == 96)
+    first = run_case(KDA, case, target)
+    assert first.verdict is not None
+    small = minimize(KDA, case, target, first.verdict, seconds=30)
+    assert small.tensors["initial_state"].shape[1:] == (1, 1, 96), small.describe()
+    assert small.tensors["b"].shape == (1, 1)
+
+
+@pytest.mark.parametrize(("variant", "V"), [("triton", 3), ("helion", 4)])
+def test_minimize_channel_counts_follow_the_variant(variant: str, V: int) -> None:
+    # helion has check 14 (powers of two only); triton takes any count
+    case = _case(variant, B=2, HV=2, K=8, V=16)
+    target = _only_with(lambda st: st.shape[-2] >= 3)
+    first = run_case(KDA, case, target)
+    assert first.verdict is not None
+    small = minimize(KDA, case, target, first.verdict, seconds=30)
+    assert small.tensors["initial_state"].shape[-2:] == (V, 1), small.describe()
+
+
+def test_trading_rows_for_heads_keeps_every_row_heads_numbers() -> None:
+    from kda_fuzz.minimize import _merge_rows, _sizes, _split_heads
+    from kda_fuzz.oracle import call_args
+    from kernels.kda_decode import reference_kda_packed_decode
+
+    def outputs(c: Case) -> tuple[torch.Tensor, torch.Tensor]:
+        kwargs, _ = c.materialize()
+        out, state = reference_kda_packed_decode(*call_args(KDA, kwargs))
+        idx = kwargs["ssm_state_indices"].long()
+        return out[:, 0], state[idx.clamp(min=0)]  # [B, HV, V], [B, HV, V, K]
+
+    case = _case(B=4, H=2, HV=4, K=4, V=2, spare_slots=1, padding="first")
+    for name in ("A_log", "dt_bias"):  # the halves share these in the split layout
+        arg = case.tensors[name]
+        half = arg.view().reshape(4, -1)[:2]
+        arg.view().copy_(torch.cat([half, half]).reshape(-1))
+    sz = _sizes(case)
+    assert sz is not None
+    out, state = outputs(case)
+    live = case.tensors["ssm_state_indices"].view() >= 0
+
+    split = _split_heads(case, sz)
+    assert expectation(KDA, split).ok and _sizes(split) == replace(sz, B=8, H=1, HV=2, slots=10)
+    s_out, s_state = outputs(split)
+    assert torch.equal(torch.cat([s_out[:4], s_out[4:]], 1), out)
+    both = torch.cat([s_state[:4], s_state[4:]], 1)
+    assert torch.equal(both[live], state[live])
+
+    merged = _merge_rows(case, sz)
+    assert expectation(KDA, merged).ok and _sizes(merged) == replace(sz, B=2, H=4, HV=8,
+                                                                       slots=2)
+    m_out, m_state = outputs(merged)  # row 0 is padding: its half now runs on zeros
+    assert torch.equal(m_out[:, 4:], out[2:]) and torch.equal(m_out[1, :4], out[1])
+    assert torch.equal(m_state[:, 4:], state[2:]) and torch.equal(m_state[1, :4], state[1])
 
 
 # ------------------------------------------------------------------ pytest collection
