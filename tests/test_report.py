@@ -1,11 +1,16 @@
 """Reports people read: the failure diagnosis, the error budget, the summary, the status
-lines off a terminal."""
+lines off a terminal, the HTML campaign report (and that Chromium renders it)."""
 
 from __future__ import annotations
 
 import io
+import random
 import re
+import shutil
+import subprocess
+import tempfile
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +20,7 @@ from kda_fuzz.cli import main as cli_main
 from kda_fuzz.contracts import get_contract
 from kda_fuzz.contracts.kda import judge, layout_summary
 from kda_fuzz.contracts.kda_layouts import KdaLayout, Values, build
+from kda_fuzz.html_report import write_report
 from kda_fuzz.oracle import run_case
 from kda_fuzz.progress import Progress, check_counts, print_summary
 from kda_fuzz.runner import Failure, Report
@@ -139,3 +145,73 @@ def test_no_subcommand_lists_the_subcommands(capsys: pytest.CaptureFixture[str])
     assert cli_main([]) == 2
     err = capsys.readouterr().err
     assert "fuzz" in err and "replay" in err
+
+
+# ------------------------------------------------------------------ HTML report
+
+
+def _history(n: int = 200) -> list[dict[str, Any]]:
+    rng, t, out = random.Random(1), 0.0, []
+    for i in range(n):
+        compiled = i % 50 == 0
+        t += (1.0 if compiled else 0.0) + rng.expovariate(8)
+        budget = ({"out/float32": 10 ** rng.uniform(-7, -3),
+                   "state/bfloat16": 10 ** rng.uniform(-4, -1)} if i % 2 else {})
+        out.append({"t": t, "examples": i + 1, "budget": budget, "compile": compiled})
+    return out
+
+
+def _html_report() -> Report:
+    report = _report()
+    report.failures.append(Failure(
+        _case(), Verdict("mismatch", "out-value", "worst element out[2, 0, 1, 3] <b>"),
+        "mypkg.decode:my_kernel", saved="corpus/found/mismatch-0123.json"))
+    report.saved.append("corpus/found/mismatch-0123.json")
+    report.validation_gaps["missing-k-segment"] = 2
+    return report
+
+
+def test_html_report_is_one_self_contained_file_with_every_section(tmp_path: Path) -> None:
+    path = write_report(_html_report(), tmp_path / "artifacts", history=_history())
+    assert path.parent == tmp_path / "artifacts" and list(path.parent.iterdir()) == [path]
+    text = path.read_text(encoding="utf-8")
+    markup = re.sub(r"base64,[A-Za-z0-9+/=]+", "base64,", text)
+    assert not re.search(r"(https?:|//|file:|<link|<script|@import|url\()", markup, re.I)
+    assert all(src.startswith("data:image/png;base64,")
+               for src in re.findall(r'src="([^"]*)"', text))
+    assert len(re.findall(r'src="data:image/png', text)) == 3  # checks, budget, throughput
+    for words in ("Campaign", "Failures", "Checks hit", "Validation gaps", "Error budget",
+                  "Throughput and compile time", "Never hit: 3, 4, 5",
+                  "kda-fuzz replay --target mypkg.decode:my_kernel --contract helion "
+                  "corpus/found/mismatch-0123.json", "B=3 H=1 HV=2 K=4 V=4",
+                  "out/float32", "state/bfloat16", "4 compiled", "&lt;b&gt;"):
+        assert words in text, words
+    assert "<b>never hit</b>" in text
+
+
+def test_html_report_without_history_says_so(tmp_path: Path) -> None:
+    text = write_report(_report(), tmp_path).read_text(encoding="utf-8")
+    assert "No error budget recorded" in text and "No per-example history" in text
+    assert "no failure found" in text
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs chromium (apt-get install chromium)")
+def test_chromium_renders_the_report(tmp_path: Path) -> None:
+    from PIL import Image
+
+    path = write_report(_html_report(), tmp_path, history=_history())
+    shot = tmp_path / "shot.png"
+    with tempfile.TemporaryDirectory() as profile:
+        subprocess.run(
+            [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu",
+             "--disable-background-networking", "--disable-component-update",
+             "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
+             f"--screenshot={shot}", "--window-size=1200,3000", path.as_uri()],
+            check=True, capture_output=True, timeout=120)
+    image = Image.open(shot).convert("L")
+    assert image.size == (1200, 3000)
+    dark = sum(image.histogram()[:128])
+    assert dark > 0.01 * 1200 * 3000  # text and plots, not a blank page
