@@ -193,6 +193,19 @@ def config_snippet(family: str, variant: str, specs: Sequence[str]) -> str:
     return f"[tool.{TABLE}.targets.{family}]\n{variant} = [{listed}]"
 
 
+def missing_targets_message(family: str, variant: str, origin: Mapping[str, Any] | None,
+                            pyproject: Path | str, option: str = "--target") -> str:
+    """Why a corpus file cannot be replayed (no target for its variant) and how to fix it:
+    the target it was recorded against, the lines to add to ``pyproject``, ``option``."""
+    recorded = recorded_targets(origin)
+    snippet = "\n".join("    " + line for line in
+                        config_snippet(family, variant, recorded[:1]).splitlines())
+    return (f"no replay target is configured for the {family}/{variant} variant"
+            + (f"; the file was recorded against {' vs '.join(recorded)}" if recorded else "")
+            + f".\n  Add to {pyproject}:\n\n{snippet}\n\n"
+            f"  or pass {option} MODULE:CALLABLE.")
+
+
 def origin_mismatch(origin: Mapping[str, Any] | None, choice: TargetChoice) -> str | None:
     """A sentence saying that a file was recorded against a target it is not replayed
     against (``None`` when it is, or when the file records no target)."""

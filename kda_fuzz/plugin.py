@@ -57,10 +57,9 @@ from .config import (
     Config,
     ConfigError,
     choose_targets,
-    config_snippet,
     load_config,
+    missing_targets_message,
     origin_mismatch,
-    recorded_targets,
 )
 
 PROFILES = {
@@ -288,17 +287,9 @@ class CorpusItem(pytest.Item):
         head = (f"corpus file {self.path} ({case.variant} variant, {meta['kind']}): "
                 f"{meta['description']}")
         if not choice.specs:
-            recorded = recorded_targets(meta["origin"])
             where = st.config.path or self.config.rootpath / "pyproject.toml"
-            raise CorpusReplayFailure(
-                f"{head}\n  no replay target is configured for the {case.contract}/"
-                f"{case.variant} variant"
-                + (f"; the file was recorded against {' vs '.join(recorded)}" if recorded
-                   else "")
-                + f".\n  Add to {where}:\n\n"
-                + "\n".join("    " + line for line in config_snippet(
-                    case.contract, case.variant, recorded[:1]).splitlines())
-                + "\n\n  or pass --kda-corpus-target MODULE:CALLABLE.")
+            raise CorpusReplayFailure(f"{head}\n  " + missing_targets_message(
+                case.contract, case.variant, meta["origin"], where, "--kda-corpus-target"))
         note = origin_mismatch(meta["origin"], choice)
         if note:
             warnings.warn_explicit(CorpusOriginWarning(f"{self.path.name}: {note}"),
