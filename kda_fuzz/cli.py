@@ -36,7 +36,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``kda-fuzz``."""
     parser = argparse.ArgumentParser(prog="kda-fuzz", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     f = sub.add_parser("fuzz", help="run a fuzz campaign against a target")
     _common(f)
     f.add_argument("--max-examples", type=int, default=300,
@@ -272,6 +272,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse exits 2 on usage errors, 0 on --help
         return int(e.code or 0)
+    if args.command is None:  # no subcommand: list them
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
     try:
         if args.command == "fuzz":
             return _fuzz(args)

@@ -1,38 +1,91 @@
-"""pytest plugin of kda-fuzz (``pytest11`` entry point): markers, options, profiles, corpus.
+"""pytest plugin of kda-fuzz (``pytest11`` entry point), scoped to projects that opt in.
 
-Hypothesis profiles: ``ci`` (default; bounded for CPU CI), ``nightly`` (long), ``gpu``.
-Choose one with Hypothesis' own ``--hypothesis-profile``.
+pytest loads it into every session of every project where kda-fuzz is installed, so it
+acts only in a project that asks for it. A session opts in when any of these holds:
 
-Corpus collection: every ``*.json`` below a folder named ``corpus`` (relative to the
-rootdir), and every ``*.json`` below the folders of the ``kda_corpus`` ini option, is one
-test item (id: the file name), marked ``corpus``. It replays the file against the
-project's kernels for the file's contract variant (the contract's ``default_targets``),
-or against ``--kda-corpus-target`` callables, on the session's device: CPU by default;
-on CUDA under ``-m gpu`` / ``--kda-device cuda``, where the items are also marked ``gpu``
-so that ``-m gpu`` selects them. A bad file is a failing item naming the file.
+* the rootdir's ``pyproject.toml`` (the first one found walking up from the rootdir)
+  has a ``[tool.kda-fuzz]`` table (see :mod:`kda_fuzz.config`);
+* the ini key ``kda_fuzz_corpus`` (folders; ``kda_corpus`` is an alias) is set;
+* the plugin is named explicitly: ``-p kda_fuzz.plugin`` (or ``-p kda_fuzz``).
+
+Elsewhere, loading it changes nothing: no Hypothesis profile is registered or loaded, torch
+is not imported, ``TRITON_INTERPRET`` is not set, ``gpu`` tests are not deselected, no JSON
+file is collected, xdist's ``-n auto`` is left alone. Only the command-line options and
+ini keys below are always registered (pytest must know them to parse the command line and
+to read the opt-in key); unused, they do nothing.
+
+In a project that opts in:
+
+* markers ``gpu``, ``slow``, ``corpus``; ``--kda-device cpu|cuda`` (``-m gpu`` implies
+  cuda); without a CUDA device selected, ``gpu`` tests are deselected; ``-n auto`` on cuda
+  starts a few xdist workers per GPU; on cpu the project's kernels are set up for the CPU
+  (``TRITON_INTERPRET``, see ``kernels/kda_decode/_execution.py``).
+* Hypothesis profiles ``ci`` (25 examples), ``nightly`` (2000), ``gpu`` (100), all without
+  deadline, database or health checks, are registered (unless the project already has
+  profiles by those names). One is loaded only when asked: ``KDA_FUZZ_PROFILE=NAME`` or
+  ``hypothesis_profile = "NAME"`` in ``[tool.kda-fuzz]``; Hypothesis' own
+  ``--hypothesis-profile`` still wins.
+* Corpus collection: every ``*.json`` below the corpus folders is one test item (id: the
+  file name), marked ``corpus`` (and ``gpu`` on a cuda session). The folders are those of
+  ``corpus`` in ``[tool.kda-fuzz]`` (default ``["corpus"]``, relative to pyproject.toml)
+  and of the ``kda_fuzz_corpus`` ini key; with neither, ``corpus/`` in the rootdir.
+  A bad file is a failing item naming the file.
+
+Replay targets of a corpus item, per contract family and variant: ``--kda-corpus-target``
+(repeatable, overrides everything), else ``[tool.kda-fuzz.targets.FAMILY] VARIANT = [...]``.
+There is no silent fallback to kda-fuzz's own kernels: with no target for the file's
+variant the item fails, naming the target the file was recorded against and the lines to
+add to pyproject.toml. When a file's recorded target (``origin.target``) is not among the
+targets it is replayed against (a renamed kernel, a seed file found on a planted bug), the
+item replays anyway and issues a :class:`CorpusOriginWarning` saying so; a project that
+wants that to fail adds ``filterwarnings = ["error::kda_fuzz.plugin.CorpusOriginWarning"]``.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
+
+from .config import (
+    Config,
+    ConfigError,
+    choose_targets,
+    load_config,
+    missing_targets_message,
+    origin_mismatch,
+)
 
 PROFILES = {
     "ci": {"max_examples": 25},
     "nightly": {"max_examples": 2000},
     "gpu": {"max_examples": 100},
 }
-for _name, _kw in PROFILES.items():
-    settings.register_profile(
-        _name, deadline=None, database=None, suppress_health_check=list(HealthCheck),
-        print_blob=True, **_kw,
-    )
-settings.load_profile(os.environ.get("KDA_FUZZ_PROFILE", "ci"))
+PLUGIN_NAMES = ("kda_fuzz", "kda_fuzz.plugin")
+INI_KEYS = ("kda_fuzz_corpus", "kda_corpus")
+
+
+class CorpusOriginWarning(pytest.PytestWarning):
+    """A corpus file replayed against other targets than the one it was recorded on."""
+
+
+@dataclass
+class State:
+    """Whether the session opted in (and why), its project config and corpus folders."""
+
+    active: bool
+    config: Config
+    reason: str = ""
+    corpus: list[Path] = field(default_factory=list)
+
+
+_STATE = pytest.StashKey[State]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -41,21 +94,92 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="device for kernel tests: cpu (default) or cuda; `-m gpu` implies cuda")
     group.addoption("--kda-corpus-target", action="append", default=[],
                     metavar="MODULE:CALLABLE",
-                    help="replay corpus files against this callable instead of the project's "
-                         "kernels for the file's variant (repeatable)")
-    parser.addini("kda_corpus", "folders whose *.json files are replayed as tests",
-                  type="paths", default=[])
+                    help="replay corpus files against this callable instead of the "
+                         "configured targets (repeatable)")
+    parser.addini("kda_fuzz_corpus", "kda-fuzz: folders whose *.json corpus files are "
+                  "replayed as tests (setting it opts the project in)", type="paths", default=[])
+    parser.addini("kda_corpus", "kda-fuzz: alias of kda_fuzz_corpus", type="paths", default=[])
 
 
+def state(config: pytest.Config) -> State:
+    """The session's kda-fuzz state, resolved once (before ``pytest_configure`` when xdist
+    asks for its worker count)."""
+    if _STATE not in config.stash:
+        config.stash[_STATE] = _resolve(config)
+    return config.stash[_STATE]
+
+
+def active(config: pytest.Config) -> bool:
+    """Whether the session opted in to the plugin."""
+    return state(config).active
+
+
+def _resolve(config: pytest.Config) -> State:
+    ini = [Path(p) for key in INI_KEYS for p in config.getini(key)]
+    named = any(p in PLUGIN_NAMES for p in config.getoption("plugins", default=None) or [])
+    try:
+        cfg = load_config(config.rootpath)
+    except ConfigError as e:
+        raise pytest.UsageError(f"kda-fuzz: {e}") from None
+    reason = ("[tool.kda-fuzz] in " + str(cfg.path) if cfg.present
+              else "ini key kda_fuzz_corpus" if ini
+              else "-p kda_fuzz.plugin" if named else "")
+    if not reason:
+        return State(False, cfg)
+    corpus = [*ini, *(cfg.corpus_dirs if cfg.present else [])]
+    if not corpus:
+        corpus = [config.rootpath / "corpus"]
+    return State(True, cfg, reason, [p.resolve() for p in corpus])
+
+
+@pytest.hookimpl(tryfirst=True)  # before Hypothesis' own, so --hypothesis-profile wins
 def pytest_configure(config: pytest.Config) -> None:
+    st = state(config)
+    if not st.active:
+        return
     config.addinivalue_line("markers", "gpu: needs a CUDA device; run with `-m gpu`")
     config.addinivalue_line("markers", "slow: long-running; deselect with `-m 'not slow'`")
     config.addinivalue_line("markers", "corpus: a replayed corpus file")
+    _hypothesis_profiles(st.config)
     if kda_device(config).startswith("cuda"):
         return
     from kernels.kda_decode import _execution
 
     _execution.configure_cpu()
+
+
+def _hypothesis_profiles(cfg: Config) -> None:
+    from hypothesis import HealthCheck, settings
+    from hypothesis.errors import InvalidArgument
+
+    for name, kw in PROFILES.items():
+        try:
+            settings.get_profile(name)
+        except InvalidArgument:  # not registered yet: the project's own ones are kept
+            settings.register_profile(
+                name, deadline=None, database=None, suppress_health_check=list(HealthCheck),
+                print_blob=True, **kw)
+    chosen = os.environ.get("KDA_FUZZ_PROFILE") or cfg.hypothesis_profile
+    if chosen:
+        try:
+            settings.load_profile(chosen)
+        except InvalidArgument as e:
+            raise pytest.UsageError(f"kda-fuzz: Hypothesis profile: {e}") from None
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    st = state(config)
+    if not st.active:
+        return None
+    return f"kda-fuzz: active ({st.reason}); corpus: " + ", ".join(
+        _rel(p, config.rootpath) for p in st.corpus)
+
+
+def _rel(path: Path, root: Path) -> str:
+    try:
+        return str(path.relative_to(root)) or "."
+    except ValueError:
+        return str(path)
 
 
 def kda_device(config: pytest.Config) -> str:
@@ -90,7 +214,7 @@ def kda_device_name(request: pytest.FixtureRequest) -> str:
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """``-n auto`` on a GPU session: a few workers per GPU (compiles and memory are
     shared per device), not one per CPU core."""
-    if not kda_device(config).startswith("cuda"):
+    if not active(config) or not kda_device(config).startswith("cuda"):
         return None
     import torch
 
@@ -102,7 +226,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Without a GPU device selected, GPU tests are deselected (not skipped)."""
-    if kda_device(config).startswith("cuda"):
+    if not active(config) or kda_device(config).startswith("cuda"):
         return
     keep = [it for it in items if "gpu" not in it.keywords]
     if len(keep) != len(items):
@@ -114,17 +238,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def is_corpus_file(config: pytest.Config, path: Path) -> bool:
-    """A ``*.json`` below a ``corpus`` folder (relative to the rootdir) or a kda_corpus path."""
-    if path.suffix != ".json" or path.name.startswith("."):
+    """A ``*.json`` below one of the session's corpus folders (only when opted in)."""
+    st = state(config)
+    if not st.active or path.suffix != ".json" or path.name.startswith("."):
         return False
-    for root in config.getini("kda_corpus"):
-        if path.is_relative_to(Path(root)):
-            return True
-    try:
-        rel = path.relative_to(config.rootpath)
-    except ValueError:
-        rel = path
-    return "corpus" in rel.parts[:-1]
+    path = path.resolve()
+    return any(path.is_relative_to(root) for root in st.corpus)
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
@@ -149,26 +268,39 @@ class CorpusFile(pytest.File):
 
 
 class CorpusItem(pytest.Item):
-    """Replays one corpus file against the project's kernels (or ``--kda-corpus-target``)."""
+    """Replays one corpus file against the configured targets (or ``--kda-corpus-target``)."""
 
     def runtest(self) -> None:
         from .contracts import get_contract
         from .corpus import CorpusError, load_case, passed, replay_case
-        from .runner import TargetError, default_targets, load_target
+        from .progress import layout_of
+        from .runner import TargetError, load_target
 
         case, _verdict, meta = load_case(self.path)
         try:
             contract = get_contract(case.contract)
         except ValueError as e:
             raise CorpusError(self.path, str(e)) from None
-        specs = self.config.getoption("--kda-corpus-target", default=[]) or []
+        st = state(self.config)
+        override = self.config.getoption("--kda-corpus-target", default=[]) or []
+        choice = choose_targets(st.config, case.contract, case.variant, override)
+        head = (f"corpus file {self.path} ({case.variant} variant, {meta['kind']}): "
+                f"{meta['description']}")
+        if not choice.specs:
+            where = st.config.path or self.config.rootpath / "pyproject.toml"
+            raise CorpusReplayFailure(f"{head}\n  " + missing_targets_message(
+                case.contract, case.variant, meta["origin"], where, "--kda-corpus-target"))
+        note = origin_mismatch(meta["origin"], choice)
+        if note:
+            warnings.warn_explicit(CorpusOriginWarning(f"{self.path.name}: {note}"),
+                                   category=None, filename=str(self.path), lineno=1)
+        root = str(st.config.root)
+        if root not in sys.path:  # MODULE:CALLABLE relative to the project, like the CLI
+            sys.path.insert(0, root)
         try:
-            targets = ([load_target(s) for s in specs] if specs
-                       else default_targets(contract, case.variant))
+            targets = [load_target(s) for s in choice.specs]
         except TargetError as e:
             raise CorpusReplayFailure(f"{self.path}: cannot load a target: {e}") from None
-        if not targets:
-            raise CorpusReplayFailure(f"{self.path}: no target for the {case.variant} variant")
         device = device_name(self.config)
         if device != "cpu":
             case = case.on(device)
@@ -181,8 +313,8 @@ class CorpusItem(pytest.Item):
                              f"--device {device} {self.path}")
         if lines:
             raise CorpusReplayFailure(
-                f"corpus file {self.path} ({case.variant} variant, {meta['kind']}): "
-                f"{meta['description']}\n" + "\n".join(lines))
+                f"{head}\n  layout: {layout_of(case)}\n"
+                + (f"  note: {note}\n" if note else "") + "\n".join(lines))
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException],
                      style: Any = None) -> str | Any:

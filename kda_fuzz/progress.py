@@ -1,8 +1,9 @@
-"""Terminal progress and summaries (rich), silent when not on a terminal."""
+"""Campaign progress and summaries: a rich bar on a terminal, plain status lines off one."""
 
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any
 
 from rich.console import Console
@@ -11,19 +12,30 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 from rich.progress import Progress as RichProgress
 from rich.table import Table
 
+STATUS_INTERVAL = 5.0  # seconds between plain status lines off a terminal
+
 
 class Progress:
-    """A progress bar over a campaign's examples on stderr, only when it is a terminal."""
+    """Progress of a campaign's examples on stderr: a bar on a terminal; off one (CI logs,
+    pipes), a plain one-line status every ``interval`` seconds and one at the end."""
 
-    def __init__(self, total: int, enabled: bool = True) -> None:
+    def __init__(self, total: int, enabled: bool = True,
+                 interval: float = STATUS_INTERVAL) -> None:
         self.console = Console(stderr=True)
-        self.enabled = enabled and self.console.is_terminal
+        self.enabled = enabled
+        self.plain = enabled and not self.console.is_terminal
+        self.interval = interval
         self._bar: RichProgress | None = None
         self._task: Any = None
         self.total = total
+        self._t0 = time.monotonic()
+        self._next = self._t0 + interval
+        self._last: Any = None
 
     def __enter__(self) -> Progress:
-        if self.enabled:
+        self._t0 = time.monotonic()
+        self._next = self._t0 + self.interval
+        if self.enabled and not self.plain:
             self._bar = RichProgress(
                 TextColumn("[bold]fuzz[/]"), BarColumn(), MofNCompleteColumn(),
                 TextColumn("{task.fields[stats]}"), TimeElapsedColumn(),
@@ -34,18 +46,55 @@ class Progress:
         return self
 
     def update(self, report: Any) -> None:
+        self._last = report
         if self._bar is not None:
             stats = (f"valid {report.valid_cases} · broken {report.broken_cases} · "
                      f"checks {len(report.checks_hit)}")
             self._bar.update(self._task, completed=report.examples, stats=stats)
+        elif self.plain and time.monotonic() >= self._next:
+            self._next = time.monotonic() + self.interval
+            self._status()
+
+    def status_line(self, report: Any) -> str:
+        """``kda-fuzz: 120/300 examples, valid 60 / broken 60, failures 0, 2.4/s, 50 s``."""
+        elapsed = time.monotonic() - self._t0
+        failures = getattr(report, "failures", None)
+        return (f"kda-fuzz: {report.examples}/{self.total} examples, valid "
+                f"{report.valid_cases} / broken {report.broken_cases}"
+                + (f", failures {len(failures)}" if failures is not None else "")
+                + f", {report.examples / max(elapsed, 1e-9):.1f}/s, {elapsed:.0f} s")
+
+    def _status(self) -> None:
+        print(self.status_line(self._last), file=sys.stderr, flush=True)
 
     def __exit__(self, *exc: object) -> None:
         if self._bar is not None:
             self._bar.__exit__(None, None, None)
+        elif self.plain and self._last is not None:
+            self._status()
+
+
+def check_counts(report: Any) -> list[tuple[str, int]]:
+    """Every check of the report's variant in numeric order, then the contract's holes
+    (``hole:NAME``), each with its count (0: never hit); keys the contract does not know
+    come last."""
+    counts = dict(report.checks_hit)
+    try:
+        from .contracts import get_contract
+
+        contract = get_contract(report.contract)
+        keys: list[Any] = [c.number for c in contract.checks_for(report.variant)]
+        keys += [f"hole:{h.name}" for h in contract.holes]
+    except ValueError:  # unknown family or variant: show what was counted
+        keys = []
+    keys += sorted((k for k in counts if k not in keys),
+                   key=lambda k: (isinstance(k, str), k if isinstance(k, int) else 0, str(k)))
+    return [(str(k), int(counts.get(k, 0))) for k in keys]
 
 
 def print_summary(report: Any, file: Any = None) -> None:
-    """Human-readable summary of a campaign: counts, checks hit, gaps and failures."""
+    """Human-readable summary of a campaign: counts, every check with its count (never-hit
+    ones flagged), gaps and failures (with the layout's sizes, dtypes and strides)."""
     console = Console(file=file or sys.stdout, highlight=False, soft_wrap=True)
     t = Table(title=f"kda-fuzz {report.contract}/{report.variant}", show_header=False)
     t.add_row("targets", ", ".join(report.targets))
@@ -54,8 +103,12 @@ def print_summary(report: Any, file: Any = None) -> None:
     t.add_row("valid / broken", f"{report.valid_cases} / {report.broken_cases}"
               + (f" ({report.skipped} valid not judged: result overflows its dtype)"
                  if report.skipped else ""))
-    hit = ", ".join(f"{k}:{v}" for k, v in sorted(report.checks_hit.items(), key=str))
-    t.add_row("checks hit", hit or "none")
+    counts = check_counts(report)
+    t.add_row("checks hit", "  ".join(escape(f"{k}:{n}") if n else f"[bold yellow]{escape(k)}:0[/]"
+                                      for k, n in counts) or "none")
+    never = [k for k, n in counts if not n]
+    if never:
+        t.add_row("never hit", f"[bold yellow]{escape(', '.join(never))}[/]")
     console.print(t)
     if report.validation_gaps:
         console.print("[bold yellow]Validation gaps[/] (broken layouts the contract accepts; "
@@ -66,10 +119,21 @@ def print_summary(report: Any, file: Any = None) -> None:
         console.print("[bold green]no failure found[/]")
         return
     for f in report.failures:
-        console.print(f"[bold red]FAILURE[/] in {f.target}")
+        console.print(f"[bold red]FAILURE[/] in {escape(f.target)}")
         console.print(f"  {escape(f.verdict.summary())}")
-        console.print(f"  layout: {escape(f.case.describe())}")
+        console.print(f"  layout: {escape(layout_of(f.case))}")
         if f.saved:
             console.print(f"  saved: {escape(f.saved)}")
             console.print(escape(f"  reproduce: kda-fuzz replay --target {f.target} "
                                  f"--contract {report.variant} {f.saved}"))
+
+
+def layout_of(case: Any) -> str:
+    """The contract's one-line layout summary (sizes, dtypes, strides) of a case."""
+    try:
+        from .contracts import get_contract
+
+        summarize = get_contract(case.contract).extras.get("summarize")
+    except ValueError:
+        summarize = None
+    return summarize(case) if summarize is not None else case.describe()

@@ -644,6 +644,10 @@ def test_pytest_collects_corpus_files(pytester: pytest.Pytester, tmp_path: Path)
     (pytester.path / "notcorpus").mkdir()
     (pytester.path / "notcorpus" / "data.json").write_text("{}")
     pytester.makeini("[pytest]\nkda_corpus = regressions\n")
+    # replay targets: the project's kernels (the plugin has no silent default)
+    triton = KDA.extras["default_targets"]["triton"]
+    (pytester.path / "pyproject.toml").write_text(
+        f"[tool.kda-fuzz.targets.kda]\ntriton = {list(triton)!r}\n".replace("'", '"'))
 
     collected = pytester.runpytest("--collect-only", "-q", "-p", "no:cacheprovider")
     out = collected.stdout.str()

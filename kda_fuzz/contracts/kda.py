@@ -22,6 +22,7 @@ not judged numerically (counted as ``skipped_unjudgeable``).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -190,34 +191,91 @@ def reference64(args: dict[str, Any]) -> dict[str, torch.Tensor]:
     }
 
 
-def _compare(name: str, got: torch.Tensor, ref: torch.Tensor,
-             bound: torch.Tensor) -> Verdict | None:
+def _short_dtype(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _excess(got: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor) -> dict[str, Any] | None:
+    """Elements out of tolerance: how many, and the worst one (largest |got - ref| / bound;
+    NaN or infinite errors count as infinitely bad), with its position in ``got``."""
     err = (got.to(torch.float64) - ref).abs()
     bad = ~(err <= bound)  # NaN in got is bad
-    if not bool(bad.any()):
+    n_bad = int(bad.sum())
+    if not n_bad:
         return None
     ratio = torch.where(bad, err / bound.clamp_min(1e-300), torch.zeros_like(err))
     ratio = torch.nan_to_num(ratio, nan=float("inf"))
     flat = int(ratio.flatten().argmax())
-    where = list(torch.unravel_index(torch.tensor(flat), ratio.shape))
-    where = [int(w) for w in where]
-    g, r, bnd = got.flatten()[flat].item(), ref.flatten()[flat].item(), bound.flatten()[flat].item()
+    pos = [int(w) for w in torch.unravel_index(torch.tensor(flat), ratio.shape)]
+    worst = err[bad]
+    return {"bad": n_bad, "numel": bad.numel(), "pos": pos,
+            "got": got.flatten()[flat].item(), "ref": ref.flatten()[flat].item(),
+            "bound": bound.flatten()[flat].item(), "ratio": float(ratio.flatten()[flat]),
+            "max_error": float(worst.max()) if bool(torch.isfinite(worst).all())
+            else float("inf")}
+
+
+def _place(name: str, pos: list[int], rows: torch.Tensor,
+           slots: torch.Tensor) -> tuple[list[int], list[int], str]:
+    """For a position among the gathered valid rows (``out[rows, 0]`` is [R, HV, V], the
+    state of ``slots`` [R, HV, V, K]): the index in the tensor's own shape (``out`` is
+    [B, 1, HV, V], ``initial_state`` [num_slots, HV, V, K]), the minimizer's hint
+    ``where`` ([batch row, hv, v(, k)]) and a description in words."""
+    row, slot = int(rows[pos[0]]), int(slots[pos[0]])
+    hint = [row, *pos[1:]]
+    if name == "out":
+        return [row, 0, *pos[1:]], hint, f"batch row {row}, value head {pos[1]}, v {pos[2]}"
+    return ([slot, *pos[1:]], hint,
+            f"slot {slot} of batch row {row}, value head {pos[1]}, v {pos[2]}, k {pos[3]}")
+
+
+def _compare(name: str, got: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor,
+             rows: torch.Tensor, slots: torch.Tensor) -> Verdict | None:
+    """A ``{name}-value`` mismatch naming the worst element (in the tensor's own shape,
+    also in ``extra["index"]``) and how many elements are out of tolerance; ``where`` is
+    the minimizer's hint [batch row, value head, v(, k)]."""
+    x = _excess(got, ref, bound)
+    if x is None:
+        return None
+    index, where, words = _place(name, x["pos"], rows, slots)
+    g, r = x["got"], x["ref"]
     return Verdict(
         "mismatch", f"{name}-value",
-        f"{name} differs from the float64 reference at {where}: got {g!r}, expected {r!r} "
-        f"(|err|={abs(g - r):.3g} > bound {bnd:.3g}); {int(bad.sum())} of {bad.numel()} "
-        "elements out of tolerance",
-        output=name, max_error=float(err[bad].max()) if bool(torch.isfinite(err[bad]).all())
-        else float("inf"), where=where,
+        f"{name} differs from the float64 reference; worst element {name}"
+        f"{index} ({words}): got {g!r}, expected {r!r} (|err|={abs(g - r):.3g} > bound "
+        f"{x['bound']:.3g}, {x['ratio']:.3g}x the bound); {x['bad']} of {x['numel']} "
+        f"elements out of tolerance",
+        output=name, max_error=x["max_error"], where=where,
+        extra={"index": index, "out_of_tolerance": x["bad"], "ratio": x["ratio"]},
     )
 
 
+def layout_summary(case: Case) -> str:
+    """B, H (inferred from ``mixed_qkv``'s width), HV, K, V and the state slots, then every
+    tensor's dtype, shape and strides and the scalars (``Case.describe``)."""
+    try:
+        HV, V, K = case.tensors["initial_state"].shape[-3:]
+        B, width = case.tensors["mixed_qkv"].shape
+        slots = case.tensors["initial_state"].shape[0]
+        qk = width - HV * V
+        H: Any = qk // (2 * K) if K and qk > 0 and qk % (2 * K) == 0 else f"? ({qk}/(2K))"
+        sizes = f"B={B} H={H} HV={HV} K={K} V={V}, {slots} state slot(s)"
+    except (KeyError, ValueError, TypeError):  # a broken layout (wrong ndim)
+        sizes = "sizes not inferable (broken layout)"
+    return f"{sizes}; {case.describe()}"
+
+
 def judge(case: Case, kwargs: dict[str, Any], before: dict[str, torch.Tensor],
-          after: dict[str, torch.Tensor], result: Any) -> Verdict | None:
+          after: dict[str, torch.Tensor], result: Any,
+          budget: dict[str, float] | None = None) -> Verdict | None:
     """The differential and semantic oracle for a layout the contract accepts.
 
     ``before`` holds the bases as they were handed over, ``after`` the same bases after
     the call; ``kwargs`` the views the target received. Raises ``Unjudgeable``.
+    With a ``budget`` dict, it is filled with the error budget used: the largest
+    |got - ref| / bound per output and dtype (``"out/float32"``, ``"state/bfloat16"``;
+    1.0 is the tolerance), read back in the same device sync; outputs with no valid row
+    are left out.
     """
     out, state = kwargs["out"], kwargs["initial_state"]
     if not (isinstance(result, tuple | list) and len(result) == 2
@@ -229,7 +287,7 @@ def judge(case: Case, kwargs: dict[str, Any], before: dict[str, torch.Tensor],
     ref_args.update(case.scalars)
     ref = reference64(ref_args)
     masks = _masks(case, kwargs, after, ref)
-    if _all_pass(kwargs, before, after, ref, masks):  # one device sync on the common path
+    if _all_pass(kwargs, before, after, ref, masks, budget):  # one sync on the common path
         return None
     return _diagnose(kwargs, before, after, ref, masks)
 
@@ -245,8 +303,15 @@ def _masks(case: Case, kwargs: dict[str, Any], after: dict[str, torch.Tensor],
     return {"guard": guard, "untouched": untouched, "pad": kwargs["ssm_state_indices"] < 0}
 
 
-def _within(got: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor) -> torch.Tensor:
-    return ((got.to(torch.float64) - ref).abs() <= bound).all()
+def _within(got: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor,
+            ratios: list[torch.Tensor] | None = None) -> torch.Tensor:
+    """All elements within bound (a device boolean); with ``ratios``, appends the largest
+    |got - ref| / bound (NaN when an error is NaN) as a 0-dim float64 device tensor."""
+    err = (got.to(torch.float64) - ref).abs()
+    if ratios is not None:
+        ratios.append((err / bound).amax() if err.numel()
+                      else torch.zeros((), dtype=torch.float64, device=err.device))
+    return (err <= bound).all()
 
 
 def _fits(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -258,18 +323,26 @@ def _fits(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def _all_pass(kwargs: dict[str, Any], before: dict[str, torch.Tensor],
               after: dict[str, torch.Tensor], ref: dict[str, torch.Tensor],
-              masks: dict[str, torch.Tensor]) -> bool:
-    """Every rule of ``_diagnose`` at once, as device booleans read back together."""
+              masks: dict[str, torch.Tensor], budget: dict[str, float] | None = None) -> bool:
+    """Every rule of ``_diagnose`` at once, as device booleans read back together (with
+    ``budget``, the error-budget ratios too, in the same read; see ``judge``)."""
     out, state = kwargs["out"], kwargs["initial_state"]
+    ratios: list[torch.Tensor] | None = [] if budget is not None else None
     flags = [(_bits(before[n]) == _bits(after[n])).all() for n in READ_ONLY]
     flags += [_fits(ref["out"], out.dtype), _fits(ref["state"], state.dtype)]
     flags.append(((_bits(after["out"]) == _bits(before["out"])) | ~masks["guard"]).all())
     flags.append(((out == 0).flatten(1).all(1) | ~masks["pad"]).all())
-    flags.append(_within(out[ref["rows"], 0], ref["out"], ref["out_bound"]))
+    flags.append(_within(out[ref["rows"], 0], ref["out"], ref["out_bound"], ratios))
     changed = _bits(after["initial_state"]) != _bits(before["initial_state"])
     flags.append(~(changed & masks["untouched"]).any())
-    flags.append(_within(state[ref["slots"]], ref["state"], ref["state_bound"]))
-    return bool(torch.stack(flags).all())
+    flags.append(_within(state[ref["slots"]], ref["state"], ref["state_bound"], ratios))
+    if ratios is None or budget is None:
+        return bool(torch.stack(flags).all())
+    values = torch.cat([torch.stack(flags).to(torch.float64), torch.stack(ratios)]).tolist()
+    if ref["rows"].numel():
+        budget[f"out/{_short_dtype(out.dtype)}"] = values[-2]
+        budget[f"state/{_short_dtype(state.dtype)}"] = values[-1]
+    return all(v == 1.0 for v in values[:-2])
 
 
 def _diagnose(kwargs: dict[str, Any], before: dict[str, torch.Tensor],
@@ -296,9 +369,18 @@ def _diagnose(kwargs: dict[str, Any], before: dict[str, torch.Tensor],
             return Verdict("mismatch", "padding-row-not-zero",
                            f"padding row {row} (index {int(idx[row])}) of `out` is not all zeros: "
                            f"{out[row].flatten()[:8].tolist()}", output="out", where=[row])
-    v = _compare("out", out[ref["rows"], 0], ref["out"], ref["out_bound"])
-    if v is not None:
-        return _with_row(v, ref["rows"])
+    rows, slots = ref["rows"], ref["slots"]
+    v = _compare("out", out[rows, 0], ref["out"], ref["out_bound"], rows, slots)
+    if v is not None:  # say what the state looks like too
+        sx = _excess(state[slots], ref["state"], ref["state_bound"])
+        if sx is None:
+            tail = "state: within tolerance"
+        else:
+            index, _, words = _place("initial_state", sx["pos"], rows, slots)
+            tail = (f"state: {sx['bad']} of {sx['numel']} elements out of tolerance "
+                    f"(worst initial_state{index}, {words}: {sx['ratio']:.3g}x the bound)")
+        return replace(v, detail=f"{v.detail}; {tail}",
+                       extra={**v.extra, "state_out_of_tolerance": sx["bad"] if sx else 0})
 
     # state: named slots within bound; every other cell of the pool bit-identical.
     changed = (_bits(after["initial_state"]) != _bits(before["initial_state"])) & masks["untouched"]
@@ -307,10 +389,7 @@ def _diagnose(kwargs: dict[str, Any], before: dict[str, torch.Tensor],
         return Verdict("mismatch", "untouched-state-written",
                        f"state pool element {cell} of the base buffer, outside every slot named by "
                        f"a non-negative index, changed", output="initial_state", where=[cell])
-    v = _compare("initial_state", state[ref["slots"]], ref["state"], ref["state_bound"])
-    if v is not None:
-        return _with_row(v, ref["rows"])
-    return None
+    return _compare("initial_state", state[slots], ref["state"], ref["state_bound"], rows, slots)
 
 
 def cross_judge(case: Case, before: dict[str, torch.Tensor],
@@ -327,22 +406,13 @@ def cross_judge(case: Case, before: dict[str, torch.Tensor],
         ("initial_state", a["initial_state"][slots], b["initial_state"][slots],
          ref["state_bound"]),
     ):
-        v = _compare(output, got_a, got_b.to(torch.float64), 2 * bound)
+        v = _compare(output, got_a, got_b.to(torch.float64), 2 * bound, rows, slots)
         if v is not None:
             detail = v.detail.replace("the float64 reference", name_b).replace(
-                "got", f"{name_a} gave", 1)
-            return _with_row(Verdict("mismatch", f"peers-disagree-{output}", detail,
-                                     output=output, max_error=v.max_error, where=v.where),
-                             rows)
+                "got", f"{name_a} gave", 1).replace("expected", f"{name_b} gave", 1)
+            return Verdict("mismatch", f"peers-disagree-{output}", detail, output=output,
+                           max_error=v.max_error, where=v.where, extra=v.extra)
     return None
-
-
-def _with_row(v: Verdict, rows: torch.Tensor) -> Verdict:
-    """Point ``where`` at the batch row rather than the position among valid rows."""
-    if v.where:
-        where = [int(rows[v.where[0]]), *v.where[1:]]
-        return Verdict(v.kind, v.what, v.detail, v.check, v.message, v.output, v.max_error, where)
-    return v
 
 
 CONTRACT = Contract(
@@ -366,5 +436,7 @@ CONTRACT = Contract(
                        "kernels.kda_decode:kda_packed_decode"),
         },
         "reference_target": "kernels.kda_decode:reference_kda_packed_decode",
+        "summarize": layout_summary,  # a case's sizes, dtypes and strides in one line
+        "judge_budget": True,  # judge(..., budget={}) reports the error budget used
     },
 )

@@ -1,0 +1,217 @@
+"""Project configuration: the ``[tool.kda-fuzz]`` table of a project's ``pyproject.toml``.
+
+::
+
+    [tool.kda-fuzz]
+    corpus = ["corpus"]                 # corpus folders, relative to pyproject.toml
+    hypothesis_profile = "ci"           # optional: profile the pytest plugin loads
+
+    [tool.kda-fuzz.targets.kda]         # per contract family, per variant
+    helion = ["mypkg.decode:my_kernel"]
+    triton = ["mypkg.decode:my_triton_kernel"]
+
+The table is found by walking up from a folder to the first ``pyproject.toml`` (that
+file is the project's, table or not). Its presence opts the project in to the pytest
+plugin. Unknown keys are errors (a typo must not silently turn a setting off).
+
+Python 3.10 has no ``tomllib``: there the ``tomli`` package is used when installed;
+without it a ``pyproject.toml`` that mentions ``tool.kda-fuzz`` raises
+:class:`ConfigError` saying so (one without it reads as "no configuration").
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+TABLE = "kda-fuzz"
+DEFAULT_CORPUS = ("corpus",)
+KEYS = ("corpus", "targets", "hypothesis_profile")
+
+
+class ConfigError(Exception):
+    """A ``[tool.kda-fuzz]`` table that cannot be read or has a wrong key or value."""
+
+
+def _toml_loads(text: str, path: Path) -> dict[str, Any]:
+    try:
+        import tomllib as toml
+    except ModuleNotFoundError:  # Python 3.10
+        try:
+            import tomli as toml  # type: ignore[no-redef]
+        except ModuleNotFoundError:
+            if re.search(r"^\s*\[\s*tool\s*\.\s*\"?kda-fuzz", text, re.MULTILINE):
+                raise ConfigError(
+                    f"{path}: reading [tool.{TABLE}] needs Python >= 3.11 or the tomli "
+                    "package (pip install tomli)") from None
+            return {}
+    try:
+        return toml.loads(text)
+    except toml.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: invalid TOML: {e}") from None
+
+
+@dataclass(frozen=True)
+class Config:
+    """The project's kda-fuzz settings.
+
+    ``path``: the ``pyproject.toml`` read (``None``: none found); ``root``: the folder
+    relative paths are resolved against; ``present``: the file has a ``[tool.kda-fuzz]``
+    table (the project opted in)."""
+
+    root: Path
+    path: Path | None = None
+    present: bool = False
+    corpus: tuple[str, ...] = DEFAULT_CORPUS
+    targets: Mapping[str, Mapping[str, tuple[str, ...]]] = field(default_factory=dict)
+    hypothesis_profile: str | None = None
+
+    @property
+    def corpus_dirs(self) -> list[Path]:
+        """The corpus folders, absolute."""
+        return [(self.root / c).resolve() for c in self.corpus]
+
+    def targets_for(self, family: str, variant: str) -> list[str] | None:
+        """The configured ``MODULE:CALLABLE`` targets of a variant; ``None``: not configured."""
+        specs = self.targets.get(family, {}).get(variant)
+        return None if specs is None else list(specs)
+
+
+def find_pyproject(start: Path) -> Path | None:
+    """The first ``pyproject.toml`` in ``start`` or a folder above it."""
+    start = start.resolve()
+    for folder in (start, *start.parents) if start.is_dir() else start.parents:
+        candidate = folder / "pyproject.toml"
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _strings(value: Any, where: str) -> tuple[str, ...]:
+    if not (isinstance(value, list) and all(isinstance(v, str) and v for v in value)):
+        raise ConfigError(f"{where} must be a list of non-empty strings, got {value!r}")
+    return tuple(value)
+
+
+def parse(table: Mapping[str, Any], root: Path, path: Path | None = None) -> Config:
+    """A :class:`Config` from a ``[tool.kda-fuzz]`` table (already parsed)."""
+    where = f"{path or 'pyproject.toml'}: [tool.{TABLE}]"
+    unknown = sorted(set(table) - set(KEYS))
+    if unknown:
+        raise ConfigError(f"{where} has unknown key(s) {', '.join(unknown)} "
+                          f"(known: {', '.join(KEYS)})")
+    corpus = _strings(table.get("corpus", list(DEFAULT_CORPUS)), f"{where} corpus")
+    profile = table.get("hypothesis_profile")
+    if profile is not None and not isinstance(profile, str):
+        raise ConfigError(f"{where} hypothesis_profile must be a string, got {profile!r}")
+    raw = table.get("targets", {})
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where} targets must be a table of families, got {raw!r}")
+    targets: dict[str, dict[str, tuple[str, ...]]] = {}
+    for family, variants in raw.items():
+        if not isinstance(variants, dict):
+            raise ConfigError(f"{where} targets.{family} must be a table of variants "
+                              f'(e.g. triton = ["mypkg.decode:kernel"]), got {variants!r}')
+        targets[family] = {}
+        for variant, specs in variants.items():
+            specs = _strings(specs, f"{where} targets.{family}.{variant}")
+            bad = [s for s in specs if s.count(":") != 1 or s.startswith(":")
+                   or s.endswith(":")]
+            if bad:
+                raise ConfigError(f"{where} targets.{family}.{variant}: {bad[0]!r} is not "
+                                  "of the form MODULE:CALLABLE")
+            targets[family][variant] = specs
+    return Config(root=root, path=path, present=True, corpus=corpus, targets=targets,
+                  hypothesis_profile=profile)
+
+
+def load_config(start: Path) -> Config:
+    """The configuration of the project containing ``start`` (searching upward for
+    ``pyproject.toml``); an empty, not-present one when there is no table."""
+    path = find_pyproject(Path(start))
+    if path is None:
+        return Config(root=Path(start).resolve())
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read: {e}") from None
+    tool = _toml_loads(text, path).get("tool", {})
+    table = tool.get(TABLE) if isinstance(tool, dict) else None
+    if table is None:
+        return Config(root=path.parent, path=path)
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: tool.{TABLE} must be a table")
+    return parse(table, path.parent, path)
+
+
+# ------------------------------------------------------------------ replay targets
+
+
+@dataclass(frozen=True)
+class TargetChoice:
+    """The targets a corpus file is replayed against and where they come from:
+    ``option`` (command line), ``config`` (``[tool.kda-fuzz.targets]``), ``default``
+    (the contract's own kernels, when a caller allows them) or ``none``."""
+
+    specs: tuple[str, ...]
+    source: str
+
+
+SOURCES = {"option": "chosen on the command line", "config": "configured in pyproject.toml",
+           "default": "kda-fuzz's own kernels", "none": "no target configured"}
+
+
+def choose_targets(config: Config, family: str, variant: str,
+                   override: Sequence[str] = (), defaults: Sequence[str] = ()) -> TargetChoice:
+    """Replay targets of a ``family``/``variant``: ``override`` (e.g. ``--target``), else
+    the configured ones, else ``defaults`` (pass none to refuse a silent fallback)."""
+    if override:
+        return TargetChoice(tuple(override), "option")
+    configured = config.targets_for(family, variant)
+    if configured is not None:
+        return TargetChoice(tuple(configured), "config")
+    if defaults:
+        return TargetChoice(tuple(defaults), "default")
+    return TargetChoice((), "none")
+
+
+def recorded_targets(origin: Mapping[str, Any] | None) -> list[str]:
+    """The target(s) a corpus file's ``origin.target`` names (a peer failure ``A vs B``
+    names two); empty when the file records none."""
+    target = (origin or {}).get("target")
+    if not isinstance(target, str) or not target.strip():
+        return []
+    return [t.strip() for t in target.split(" vs ") if t.strip()]
+
+
+def config_snippet(family: str, variant: str, specs: Sequence[str]) -> str:
+    """The ``pyproject.toml`` lines that make ``specs`` a variant's replay targets."""
+    listed = ", ".join(f'"{s}"' for s in specs) or '"mypkg.module:kernel"'
+    return f"[tool.{TABLE}.targets.{family}]\n{variant} = [{listed}]"
+
+
+def missing_targets_message(family: str, variant: str, origin: Mapping[str, Any] | None,
+                            pyproject: Path | str, option: str = "--target") -> str:
+    """Why a corpus file cannot be replayed (no target for its variant) and how to fix it:
+    the target it was recorded against, the lines to add to ``pyproject``, ``option``."""
+    recorded = recorded_targets(origin)
+    snippet = "\n".join("    " + line for line in
+                        config_snippet(family, variant, recorded[:1]).splitlines())
+    return (f"no replay target is configured for the {family}/{variant} variant"
+            + (f"; the file was recorded against {' vs '.join(recorded)}" if recorded else "")
+            + f".\n  Add to {pyproject}:\n\n{snippet}\n\n"
+            f"  or pass {option} MODULE:CALLABLE.")
+
+
+def origin_mismatch(origin: Mapping[str, Any] | None, choice: TargetChoice) -> str | None:
+    """A sentence saying that a file was recorded against a target it is not replayed
+    against (``None`` when it is, or when the file records no target)."""
+    recorded = recorded_targets(origin)
+    if not recorded or any(r in choice.specs for r in recorded):
+        return None
+    against = ", ".join(choice.specs) or "nothing"
+    return (f"recorded against {' vs '.join(recorded)}, replayed against {against} "
+            f"({SOURCES[choice.source]})")
