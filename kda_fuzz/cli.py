@@ -8,6 +8,7 @@ import os
 import re
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from .oracle import EnvironmentFailure
@@ -42,9 +43,14 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--max-examples", type=int, default=300,
                    help="examples in the campaign (default 300)")
     f.add_argument("--seed", type=int, default=None, help="seed for a reproducible campaign")
-    f.add_argument("--corpus", default=DEFAULT_CORPUS, metavar="DIR",
+    f.add_argument("--corpus", default=None, metavar="DIR",
                    help="save each minimized failing case into DIR, where pytest replays "
-                        f"it (default: {DEFAULT_CORPUS}, relative to the current directory)")
+                        "it (default: FOLDER/found for the first corpus folder of the "
+                        "project's [tool.kda-fuzz] table, else corpus/found, relative to "
+                        "the current directory)")
+    f.add_argument("--report", default=None, metavar="DIR",
+                   help="write a self-contained HTML campaign report into DIR (checks hit, "
+                        "failures, error budget, throughput)")
     f.add_argument("--no-save", action="store_true",
                    help="do not save failing cases into a corpus (an isolated target's case "
                         "in flight still goes to a temporary folder)")
@@ -114,11 +120,24 @@ def _prepare_device(device: str) -> None:
                          "CUDA device(s)")
 
 
-def _targets(args: argparse.Namespace, contract: Any) -> list[Any]:
-    from .runner import TargetError, check_signature, default_targets, load_target
+def _config() -> Any:
+    from .config import ConfigError, load_config
 
     try:
-        targets = ([load_target(t) for t in args.target] if args.target
+        return load_config(Path.cwd())
+    except ConfigError as e:
+        raise UsageError(str(e)) from e
+
+
+def _targets(args: argparse.Namespace, contract: Any) -> list[Any]:
+    """``--target``, else the project's configured targets for the variant, else the
+    contract's own kernels."""
+    from .runner import TargetError, check_signature, default_targets, load_target
+
+    configured = _config().targets_for(contract.name, args.contract) if args.contract else None
+    try:
+        specs = args.target or configured
+        targets = ([load_target(t) for t in specs] if specs
                    else default_targets(contract, args.contract))
         for t in targets:
             check_signature(t, contract)
@@ -175,7 +194,18 @@ def _fuzz(args: argparse.Namespace) -> int:
         device=args.device, max_examples=args.max_examples, seed=args.seed,
         valid_share=args.valid_share, max_seconds=args.max_seconds,
         max_failures=args.max_failures, messages=args.messages, strict=args.strict,
-        **_shaping(args))
+        history=bool(args.report), **_shaping(args))
+    report_notes = []
+    if not args.device.startswith("cuda") and not (args.budget or args.max_b) \
+            and not _own_kernels(targets, contract, args.contract):
+        from .calibrate import apply, calibrate
+
+        for t in [*targets, *peers]:
+            sizing = calibrate(contract, args.contract, t.name, timeout=args.timeout)
+            if sizing is not None:
+                apply(sizing, options)
+                report_notes.append(f"{t.name}: {sizing.note()}")
+                print(f"kda-fuzz: {t.name}: {sizing.note()}", file=sys.stderr)
     with Progress(args.max_examples, enabled=not args.json) as progress:
         if jobs == 1 and args.no_isolate:
             report = campaign(contract, args.contract, targets, on_example=progress.update,
@@ -191,16 +221,46 @@ def _fuzz(args: argparse.Namespace) -> int:
             minimize_failures(contract, report.failures, device=args.device,
                               timeout=args.timeout, shrink_seconds=args.shrink_seconds,
                               workers=min(jobs, 4), messages=args.messages, strict=args.strict)
-    if args.no_save:
-        args.corpus = None
-    if args.corpus and report.failures:
-        from .corpus import save_failure
+    report.notes[:0] = report_notes
+    corpus = None if args.no_save else args.corpus or _default_corpus()
+    if corpus and report.failures:
+        _save(report, contract, corpus, args)
+    if args.report:
+        from .html_report import write_report
 
-        for f in report.failures:
-            f.saved = str(save_failure(f, args.corpus, contract=contract, seed=report.seed))
-            report.saved.append(f.saved)
+        path = write_report(report, args.report)
+        print(f"kda-fuzz: report written to {path}", file=sys.stderr)
     _print_report(report, args.json)
     return EXIT_FAILURE if report.failures else EXIT_OK
+
+
+def _default_corpus() -> str:
+    cfg = _config()
+    if cfg.present and cfg.corpus_dirs:
+        return str(cfg.corpus_dirs[0] / "found")
+    return DEFAULT_CORPUS
+
+
+def _save(report: Any, contract: Any, corpus: str, args: argparse.Namespace) -> None:
+    """Save each distinct failure; one too large for a corpus file is described instead.
+    Outside a project that opted in, say how pytest would replay the files."""
+    from .config import config_snippet
+    from .corpus import CaseTooLarge, save_failure
+
+    for f in report.failures:
+        try:
+            f.saved = str(save_failure(f, corpus, contract=contract, seed=report.seed))
+        except CaseTooLarge as e:
+            f.note = f"{e}"
+            print(f"kda-fuzz: {f.verdict.kind}/{f.verdict.what} on {f.target}: {e}",
+                  file=sys.stderr)
+            continue
+        report.saved.append(f.saved)
+    if report.saved and args.target and not _config().present:
+        print("kda-fuzz: to replay the saved cases with pytest against your kernel, add to "
+              "your pyproject.toml:\n\n[tool.kda-fuzz]\ncorpus = [\"corpus\"]\n"
+              + config_snippet(contract.name, args.contract, args.target) + "\n",
+              file=sys.stderr)
 
 
 # The project's kernels run under the Triton interpreter on CPU, at tens of ms per program
@@ -208,9 +268,16 @@ def _fuzz(args: argparse.Namespace) -> int:
 INTERPRETED_BUDGET, INTERPRETED_MAX_B, INTERPRETED_MAX_BHV = 1 << 13, 64, 32
 
 
+def _own_kernels(targets: list[Any], contract: Any, variant: str) -> bool:
+    """Whether ``targets`` are the contract's own kernels for ``variant``."""
+    own = contract.extras.get("default_targets", {}).get(variant, ())
+    return bool(targets) and all(t.name in own for t in targets)
+
+
 def _shaping(args: argparse.Namespace) -> dict[str, Any]:
     """Layout sizes: compile-aware defaults on cuda (families, bucketed B up to 4096),
-    small layouts for the interpreted default kernels on cpu."""
+    small layouts for the interpreted default kernels on cpu (other targets on cpu are
+    measured first, see ``calibrate``)."""
     cuda = args.device.startswith("cuda")
     interpreted = not cuda and not args.target
     out: dict[str, Any] = {
@@ -256,11 +323,21 @@ def _print_report(report: Any, as_json: bool) -> None:
 
 def _replay(args: argparse.Namespace) -> int:
     from .corpus import replay_command
+    from .runner import default_targets
 
     contract = _contract(args)
     _prepare_device(args.device)
-    # No --target: each file is replayed on the project's kernels for its variant.
-    targets = _targets(args, contract) if args.target else None
+    # No --target: each file is replayed on the project's configured targets for its
+    # variant, else on kda-fuzz's own kernels.
+    targets: Any = _targets(args, contract) if args.target else None
+    cfg = _config()
+    if targets is None and cfg.present:
+        from .runner import load_target
+
+        def targets(variant: str) -> list[Any]:
+            specs = cfg.targets_for(contract.name, variant)
+            return ([load_target(t) for t in specs] if specs
+                    else default_targets(contract, variant))
     return replay_command(contract, args.contract, targets, args.paths, device=args.device,
                           as_json=args.json)
 

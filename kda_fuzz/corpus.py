@@ -88,7 +88,7 @@ from .verdict import Verdict
 
 SCHEMA = 2
 READ_SCHEMAS = (1, 2)
-KINDS = ("contract", "mismatch", "crash", "timeout")
+KINDS = ("contract", "mismatch", "crash", "timeout", "flaky")
 ENCODINGS = ("base64", "zlib+base64", "fill")
 MAX_ELEMENTS = 2**28  # per base buffer and per view
 MAX_NDIM = 8
@@ -747,23 +747,36 @@ def load_case(path: str | os.PathLike[str]) -> tuple[Case, Verdict | None, dict[
 
 def replay_case(contract: Contract, case: Case, targets: Sequence[Any]
                 ) -> list[tuple[str, Outcome]]:
-    """Run ``case`` on every target (``runner.Target``); one (name, outcome) per target."""
+    """Run ``case`` on every target (``runner.Target``) in this process."""
     return [(t.name, run_case(contract, case, t.fn)) for t in targets]
 
 
-def _replay_isolated(contract: Contract, case: Case, targets: Sequence[Any], device: str
-                     ) -> list[tuple[str, Outcome]]:
-    """A ``crash-``/``timeout-`` file: each target runs in a worker process, so a target
-    that still aborts or hangs fails the entry instead of ending the replay."""
+def replay_entry(contract: Contract, case: Case, kind: str, targets: Sequence[Any], *,
+                 device: str = "cpu") -> list[tuple[str, Outcome]]:
+    """Replay one corpus entry the way its kind needs: the one replay path of
+    ``kda-fuzz replay`` and the pytest corpus items.
+
+    ``crash-`` and ``timeout-`` entries run each target in a worker process, so one that
+    still aborts or hangs fails the entry and the session goes on; ``flaky-`` entries run
+    ``FLAKY_RUNS`` times, isolated, and pass only when every run passes; the others run in
+    this process (``case`` is moved to ``device``)."""
+    if kind not in ("crash", "timeout", "flaky"):
+        return replay_case(contract, case if device == "cpu" else case.on(device), targets)
     from .isolate import IsolatedTarget
 
     out = []
     for t in targets:
         with IsolatedTarget(contract, t.name, timeout=HARD_TIMEOUT, device=device) as iso:
-            out.append((t.name, iso.run(case)))
+            outcome = iso.run(case)
+            for _ in range(FLAKY_RUNS - 1 if kind == "flaky" else 0):
+                if not passed(outcome):
+                    break
+                outcome = iso.run(case)
+        out.append((t.name, outcome))
     return out
 
 
+FLAKY_RUNS = 5
 HARD_TIMEOUT = 60.0
 
 
@@ -800,9 +813,14 @@ def _short(text: str, n: int = 240) -> str:
 
 
 def replay_file(path: Path, contract: Contract, variant: str | None,
-                targets: Sequence[Any] | None, *, device: str = "cpu",
+                targets: Sequence[Any] | Callable[[str], Sequence[Any]] | None, *,
+                device: str = "cpu",
                 note: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Replay one file; a JSON-able record with ``status`` PASS, FAIL or ERROR."""
+    """Replay one file; a JSON-able record with ``status`` PASS, FAIL or ERROR.
+
+    ``targets``: the targets, or a function of the variant giving them, or ``None`` for
+    the project's kernels of the variant; a ``note`` says when the file was recorded on
+    another target than those."""
     from .runner import TargetError, default_targets
 
     rec: dict[str, Any] = {"path": str(path), "status": "ERROR", "results": []}
@@ -823,16 +841,18 @@ def replay_file(path: Path, contract: Contract, variant: str | None,
     rec["variant"] = use
     case = Case(case.contract, use, case.tensors, case.scalars, case.intent, case.notes)
     try:
-        chosen = list(targets) if targets is not None else default_targets(contract, use)
+        chosen = (list(targets(use)) if callable(targets) else list(targets)
+                  if targets is not None else default_targets(contract, use))
     except TargetError as e:
-        rec["error"] = f"cannot load the default targets: {e}"
+        rec["error"] = f"cannot load the targets: {e}"
         return rec
-    hard = meta["kind"] in ("crash", "timeout")
-    if device != "cpu" and not hard:
-        case = case.on(device)
+    recorded = [t.strip() for t in str(meta.get("origin", {}).get("target") or "").split(" vs ")
+                if t.strip()]
+    if recorded and not any(t.name in recorded for t in chosen):
+        rec["note"] = (f"recorded on {' vs '.join(recorded)}, replayed against "
+                       f"{', '.join(t.name for t in chosen)}")
     try:
-        results = (_replay_isolated(contract, case, chosen, device) if hard
-                   else replay_case(contract, case, chosen))
+        results = replay_entry(contract, case, meta["kind"], chosen, device=device)
     except Exception as e:  # the oracle itself failed on this file
         rec["error"] = f"oracle error: {type(e).__name__}: {e}"
         return rec
@@ -856,7 +876,8 @@ def replay_file(path: Path, contract: Contract, variant: str | None,
     return rec
 
 
-def replay_command(contract: Contract, variant: str | None, targets: Sequence[Any] | None,
+def replay_command(contract: Contract, variant: str | None,
+                   targets: Sequence[Any] | Callable[[str], Sequence[Any]] | None,
                    paths: Sequence[str], *, device: str = "cpu", as_json: bool = False) -> int:
     """``kda-fuzz replay``: 0 when every file passes, 1 on any failure or bad file, 2 on
     usage errors (a path that does not exist, no corpus file found).
@@ -887,7 +908,8 @@ def replay_command(contract: Contract, variant: str | None, targets: Sequence[An
                 extra = "; ".join(f"{r['target']}: {r['status']}" for r in rec["results"]
                                   if r["status"] != "pass")
                 print(f"PASS  {path}  [{rec['variant']}; {names}]"
-                      + (f" ({extra})" if extra else ""))
+                      + (f" ({extra})" if extra else "")
+                      + (f"\n      note: {rec['note']}" if rec.get("note") else ""))
             elif rec["status"] == "FAIL":
                 print(f"FAIL  {path}  {rec['reason']}")
             else:

@@ -30,6 +30,7 @@ class Outcome:
     verdict: Verdict | None = None
     note: str = ""
     wording: tuple[int | None, str, str] | None = None
+    budget: dict[str, float] | None = None  # largest |got - ref| / bound per output/dtype
 
 
 class EnvironmentFailure(Exception):
@@ -122,8 +123,8 @@ def _judge_error(contract: Contract, case: Case, exp: Expectation,
 
 def run_case(contract: Contract, case: Case, target: Callable[..., Any], *,
              messages: Messages = "exact", strict: bool = False,
-             guard: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
-             ) -> Outcome:
+             guard: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+             budget: bool = False) -> Outcome:
     """Call ``target`` on a fresh copy of ``case`` and judge what it did.
 
     ``messages="class"``: a broken layout passes when the target raises the contract's
@@ -132,8 +133,9 @@ def run_case(contract: Contract, case: Case, target: Callable[..., Any], *,
     contract's holes (documented checks let it through, e.g. HV = 0) passes as a
     validation gap when the target returns and changes nothing; ``strict`` demands the
     hardened contract's exception there. ``guard`` wraps the target's call alone (the
-    campaign's flight recorder). Raises :class:`EnvironmentFailure` when the call failed
-    in the execution machinery rather than in the target."""
+    campaign's flight recorder). ``budget``: also report the error budget used, where the
+    contract's judge can (``Outcome.budget``). Raises :class:`EnvironmentFailure` when the
+    call failed in the execution machinery rather than in the target."""
     exp = expectation(contract, case)
     if exp.ok and case.notes.get("semantic"):
         return Outcome("gap", exp, note="the contract accepts a layout broken by "
@@ -170,8 +172,11 @@ def run_case(contract: Contract, case: Case, target: Callable[..., Any], *,
         return Outcome("fail", exp, Verdict("contract", "rejected-valid-layout",
                                             f"raised on a layout the contract accepts: {tb}",
                                             extra={"exception": type(error).__name__}))
+    used: dict[str, float] | None = {} if budget and contract.extras.get("judge_budget") \
+        else None
     try:
-        v = contract.judge(case, kwargs, before, bases, result)
+        v = (contract.judge(case, kwargs, before, bases, result) if used is None
+             else contract.judge(case, kwargs, before, bases, result, budget=used))
     except Unjudgeable as e:
         return Outcome("skip", exp, note=str(e))
     except Exception as e:  # e.g. the target resized or re-typed the caller's tensors
@@ -179,7 +184,7 @@ def run_case(contract: Contract, case: Case, target: Callable[..., Any], *,
             "mismatch", "outputs-unreadable",
             f"the oracle could not read the caller's tensors after the call: "
             f"{type(e).__name__}: {e}"))
-    return Outcome("fail" if v else "pass", exp, v)
+    return Outcome("fail" if v else "pass", exp, v, budget=used or None)
 
 
 def run_peers(contract: Contract, case: Case,

@@ -194,8 +194,13 @@ def _run_job(job: Job, events: Any, stop: Any, record: Any) -> None:
         options = CampaignOptions(**{**job.options.__dict__, "device": device})
         holder: list[Campaign] = []
 
+        sent = [0]  # history records already sent
+
         def snapshot(position: Position) -> tuple[Position, dict[str, Any]]:
-            return position, holder[0].report.counters()
+            rep = holder[0].report
+            counters = rep.counters()
+            counters["history"], sent[0] = rep.history[sent[0]:], len(rep.history)
+            return position, counters
 
         def on_failure(f: Failure, new: bool) -> None:
             c = holder[0]
@@ -293,6 +298,7 @@ class Supervisor:
         """Run every job to its end; raises ``JobError`` or ``EnvironmentFailure``."""
         t0 = time.monotonic()
         o = self.options
+        o.origin = t0  # the jobs' history times count from here
         if o.max_seconds is not None and o.deadline is None:
             o.deadline = t0 + o.max_seconds
         n = self.jobs
@@ -365,6 +371,10 @@ class Supervisor:
         kind, index = msg[0], msg[1]
         s = self.states[index]
         s.last_message = time.monotonic()
+        snap = msg[3] if kind in ("failure", "repeat") else msg[2] if kind in (
+            "progress", "done") else None
+        if snap is not None:
+            self.report.history.extend({**rec, "job": index} for rec in snap[1].pop("history", ()))
         if kind == "progress":
             s.snapshot = msg[2]
         elif kind == "failure":

@@ -272,7 +272,7 @@ class CorpusItem(pytest.Item):
 
     def runtest(self) -> None:
         from .contracts import get_contract
-        from .corpus import CorpusError, load_case, passed, replay_case
+        from .corpus import CorpusError, load_case, passed, replay_entry
         from .progress import layout_of
         from .runner import TargetError, load_target
 
@@ -302,10 +302,8 @@ class CorpusItem(pytest.Item):
         except TargetError as e:
             raise CorpusReplayFailure(f"{self.path}: cannot load a target: {e}") from None
         device = device_name(self.config)
-        if device != "cpu":
-            case = case.on(device)
         lines = []
-        for name, outcome in replay_case(contract, case, targets):
+        for name, outcome in replay_entry(contract, case, meta["kind"], targets, device=device):
             if not passed(outcome):
                 assert outcome.verdict is not None
                 lines.append(f"  {name}: {outcome.verdict.summary()}\n"

@@ -110,6 +110,15 @@ def print_summary(report: Any, file: Any = None) -> None:
     if never:
         t.add_row("never hit", f"[bold yellow]{escape(', '.join(never))}[/]")
     console.print(t)
+    for note in getattr(report, "notes", ()):
+        console.print(f"[yellow]note:[/] {escape(note)}")
+    wording = getattr(report, "wording", None)
+    if wording:
+        console.print(f"[bold yellow]Wording differences[/] (--messages class: the right "
+                      f"exception type with other words; not failures): "
+                      f"{sum(wording.values())} case(s)")
+        for check, expected, got in report.wording_samples:
+            console.print(escape(f"  - check {check}: expected {expected!r}, got {got!r}"))
     if report.validation_gaps:
         console.print("[bold yellow]Validation gaps[/] (broken layouts the contract accepts; "
                       "findings about the contract, not target failures):")
@@ -118,10 +127,15 @@ def print_summary(report: Any, file: Any = None) -> None:
     if not report.failures:
         console.print("[bold green]no failure found[/]")
         return
+    console.print(f"[bold red]{len(report.failures)} distinct failure(s)[/]")
     for f in report.failures:
-        console.print(f"[bold red]FAILURE[/] in {escape(f.target)}")
+        seen = getattr(f, "count", 1)
+        console.print(f"[bold red]FAILURE[/] in {escape(f.target)}"
+                      + (f" (seen in {seen} examples)" if seen > 1 else ""))
         console.print(f"  {escape(f.verdict.summary())}")
         console.print(f"  layout: {escape(layout_of(f.case))}")
+        if getattr(f, "note", ""):
+            console.print(f"  [yellow]{escape(f.note)}[/]")
         if f.saved:
             console.print(f"  saved: {escape(f.saved)}")
             console.print(escape(f"  reproduce: kda-fuzz replay --target {f.target} "

@@ -137,6 +137,9 @@ class Report:
     failures: list[Failure] = field(default_factory=list)
     saved: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # With CampaignOptions.history: one record per example, {"t": seconds since the start,
+    # "examples": count, "budget": Outcome.budget, "compile": a first call's slow example}
+    history: list[dict[str, Any]] = field(default_factory=list)
 
     COUNTERS = ("examples", "rows", "tail_rows", "valid_cases", "broken_cases", "skipped")
 
@@ -342,6 +345,8 @@ class CampaignOptions:
     messages: Messages = "exact"
     strict: bool = False
     confirm_runs: int = 2  # re-runs of a new failure; fewer reproductions make it flaky
+    history: bool = False  # keep per-example records (error budget, timing) in the report
+    origin: float | None = None  # time.monotonic() the history's times count from
     job: tuple[int, int] = (0, 1)
 
 
@@ -395,6 +400,8 @@ class Campaign:
         self.seen = seen  # failures kept elsewhere (by the supervisor): repeats here
         self.stopped = ""
         self._pos: list[int] = [0, 0, 0]
+        self._t0 = time.monotonic()
+        self._durations: list[float] = []
         self._hard_repeats: Counter = Counter()
 
     # ------------------------------------------------------------------ running
@@ -413,6 +420,7 @@ class Campaign:
         error or an ``EnvironmentFailure``)."""
         t0 = time.monotonic()
         o = self.options
+        self._t0 = o.origin if o.origin is not None else t0
         deadline = o.deadline if o.deadline is not None else (
             None if o.max_seconds is None else t0 + o.max_seconds)
         self._deadline = deadline
@@ -474,8 +482,9 @@ class Campaign:
         if self._deadline is not None and time.monotonic() > self._deadline:
             raise _Stopped
         first: Outcome | None = None
+        t = time.monotonic()
         for index, target in enumerate(self.targets):
-            outcome = self._judge(pos, index, case, target)
+            outcome = self._judge(pos, index, case, target, budget=first is None)
             first = first or outcome
             if outcome.status == "fail":
                 assert outcome.verdict is not None
@@ -490,14 +499,27 @@ class Campaign:
                 self._failed(case, pair.verdict, Target(f"{main.name} vs {peer.name}", main.fn),
                              confirmed=True)
         self._count(first, case)
+        if self.options.history:
+            self._remember(first, time.monotonic() - t)
         if len(self.report.failures) >= self.options.max_failures:
             self.stopped = f"{len(self.report.failures)} distinct failures (--max-failures)"
             raise _Stopped
 
-    def _judge(self, pos: Position, index: int, case: Case, target: Target) -> Outcome:
+    def _judge(self, pos: Position, index: int, case: Case, target: Target,
+               budget: bool = False) -> Outcome:
         return run_case(self.contract, case, target.fn, messages=self.options.messages,
-                        strict=self.options.strict,
-                        guard=lambda: self.recorder.call(pos, index))
+                        strict=self.options.strict, guard=lambda: self.recorder.call(pos, index),
+                        budget=budget and self.options.history)
+
+    def _remember(self, outcome: Outcome, seconds: float) -> None:
+        """One history record; an example ten times slower than the recent median (and
+        over a quarter second) counts as compiling."""
+        recent = sorted(self._durations[-50:])
+        median = recent[len(recent) // 2] if recent else seconds
+        self._durations.append(seconds)
+        self.report.history.append({
+            "t": round(time.monotonic() - self._t0, 4), "examples": self.report.examples,
+            "budget": outcome.budget or {}, "compile": seconds > max(0.25, 10 * median)})
 
     def _count(self, outcome: Outcome, case: Case) -> None:
         self.report.record(outcome, case)

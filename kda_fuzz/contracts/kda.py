@@ -438,5 +438,8 @@ CONTRACT = Contract(
         "reference_target": "kernels.kda_decode:reference_kda_packed_decode",
         "summarize": layout_summary,  # a case's sizes, dtypes and strides in one line
         "judge_budget": True,  # judge(..., budget={}) reports the error budget used
+        # calibrate.py: a valid case of `rows` batch rows and one head, K = V = `width`
+        "probe": lambda rows, width, variant: kda_layouts.build(
+            kda_layouts.KdaLayout(B=rows, H=1, HV=1, K=width, V=width, seed=0), variant),
     },
 )
