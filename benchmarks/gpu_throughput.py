@@ -1,33 +1,33 @@
-"""Fuzzing throughput on a GPU: the naive mode and the project's mode side by side.
+"""Fuzzing throughput on a GPU: the CLI's default mode beside --no-isolate and naive.
 
-naive:    one Hypothesis example = one layout of any batch size and shape (B <= 256) ->
-          launch + float64 reference + compare; every new shape compiles anew.
-project:  compile-aware: examples are spent family by family (heads, dims, dtypes,
-          strides and flags fixed per family), B is bucketed to powers of four up to 4096
-          with padding rows (every row of a launch is an independent case and is
-          verified), layouts are generated on the GPU, the float64 reference and the
-          error bounds are one vectorised pass there, and the judge reads back one flag.
-project×N: the same campaign dealt to N jobs (processes) sharing the GPU, each family
-          compiled by one job (`kda-fuzz fuzz --jobs N`); its wall time includes
-          starting the jobs.
+cli-default: `kda-fuzz fuzz --device cuda --jobs N` as a user runs it (supervised,
+          isolated jobs: each job runs draw, build, launch and judge itself and keeps a
+          flight record; start-up, compiles and the final minimization all counted);
+cli-no-isolate: the same command with `--no-isolate` (no flight record, no restarts);
+naive:    one Hypothesis example = one layout of any batch size and shape (B <= 256),
+          in one process; every new shape compiles anew.
+The valid-layout campaign (`--valid-share 1`) is the throughput figure; the CLI's default
+plan (broken and valid layouts, `--valid-share 0.5`) is reported beside it.
 
-Prints examples/s, verified rows/s and the share of wall time spent in compilation
-(first call of each distinct argument signature minus a steady launch time).
+Prints examples/s and verified rows/s over the wall time of each command.
 
-    python benchmarks/gpu_throughput.py [--seconds 60] [--naive-seconds 30] [--jobs 8]
+    python benchmarks/gpu_throughput.py [--seconds 60] [--naive-seconds 15] [--jobs auto]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
+import sys
 import time
 from typing import Any
 
 import torch
 
 from kda_fuzz.contracts import get_contract
-from kda_fuzz.parallel import parallel_campaign
 from kda_fuzz.runner import Target, campaign, load_target
 
 
@@ -61,39 +61,36 @@ class CompileMeter:
 
 
 NAIVE = {"families": 0, "bucket": False, "max_b": 256, "budget": 1 << 20}
-PROJECT = {"bucket": True, "max_b": 4096, "budget": 1 << 24}
 
 
-def run(mode: str, target: str, variant: str, seconds: float, seed: int, jobs: int,
-        families: int) -> dict[str, Any]:
-    shaping = NAIVE if mode == "naive" else {**PROJECT, "families": families}
-    common = dict(device="cuda", max_examples=10**7, seed=seed, valid_share=1.0,
-                  max_seconds=seconds, **shaping)
+def run_naive(target: str, variant: str, seconds: float, seed: int) -> dict[str, Any]:
+    """One process, one launch per example, any shape (compiles counted by CompileMeter)."""
+    meter = CompileMeter(load_target(target).fn)
     t0 = time.perf_counter()
-    if jobs == 1:
-        meter = CompileMeter(load_target(target).fn)
-        rep = campaign(get_contract("kda"), variant, [Target(target, meter)], **common)
-        summaries = [meter.summary()]
-        wall = time.perf_counter() - t0
-        startup = 0.0
-    else:
-        rep, per_job = parallel_campaign("kda", variant, [target], jobs, wrap=CompileMeter,
-                                         minimize=False, **common)
-        summaries = [s for job in per_job for s in job["targets"].values()]
-        wall = time.perf_counter() - t0
-        startup = wall - max(job["seconds"] for job in per_job)
-    compile_s = sum(s["compile_s"] for s in summaries)
-    return {
-        "mode": mode if jobs == 1 else f"{mode}x{jobs}", "examples": rep.examples,
-        "rows": rep.rows, "wall": wall,
-        "examples_s": rep.examples / wall, "rows_s": rep.rows / wall,
-        "drawn_rows_s": (rep.rows - rep.tail_rows) / wall,
-        "compiles": sum(s["compiles"] for s in summaries),
-        # compile seconds of all jobs over their process-seconds
-        "compile_share": compile_s / (wall * jobs),
-        "startup": startup, "failures": len(rep.failures),
-        "failure": rep.failures[0].verdict.summary() if rep.failures else "",
-    }
+    rep = campaign(get_contract("kda"), variant, [Target(target, meter)], device="cuda",
+                   max_examples=10**7, seed=seed, valid_share=1.0, max_seconds=seconds,
+                   **NAIVE)
+    wall = time.perf_counter() - t0
+    return {"mode": "naive", "examples": rep.examples, "rows": rep.rows, "wall": wall,
+            "failures": len(rep.failures), **meter.summary()}
+
+
+def run_cli(mode: str, target: str, variant: str, seconds: float, seed: int, jobs: str,
+            valid_share: float, extra: list[str]) -> dict[str, Any]:
+    """The CLI exactly as a user runs it; wall time includes start-up and minimization."""
+    cmd = [sys.executable, "-m", "kda_fuzz", "fuzz", "--device", "cuda", "--target", target,
+           "--contract", variant, "--jobs", jobs, "--max-examples", str(10**7),
+           "--max-seconds", str(seconds), "--seed", str(seed), "--valid-share",
+           str(valid_share), "--no-save", "--json", *extra]
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if r.returncode not in (0, 1):
+        raise SystemExit(f"{' '.join(cmd)} exited {r.returncode}:\n{r.stderr[-3000:]}")
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    return {"mode": mode, "examples": summary["examples"], "rows": summary["valid_rows"],
+            "wall": wall, "campaign_s": summary["seconds"], "failures": summary["failures"],
+            "notes": summary.get("notes", [])}
 
 
 def main() -> None:
@@ -102,38 +99,38 @@ def main() -> None:
                     default="kernels.kda_decode:helion_fused_recurrent_kda_packed_decode")
     ap.add_argument("--contract", default="helion")
     ap.add_argument("--seconds", type=float, default=60.0)
-    ap.add_argument("--naive-seconds", type=float, default=30.0)
-    ap.add_argument("--jobs", default="8",
-                    help="jobs of the parallel project mode (comma-separated: one run each)")
-    ap.add_argument("--families", type=int, default=3,
-                    help="compile families per job in project mode")
+    ap.add_argument("--naive-seconds", type=float, default=15.0)
+    ap.add_argument("--jobs", default="auto", help="--jobs of the CLI runs (default auto)")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--modes", default="naive,project,parallel",
-                    help="comma-separated subset of naive, project, parallel")
+    ap.add_argument("--modes", default="naive,default,no-isolate,plan",
+                    help="comma-separated subset of naive, default, no-isolate, plan")
     args = ap.parse_args()
     modes = args.modes.split(",")
     rows = []
     if "naive" in modes:
-        rows.append(run("naive", args.target, args.contract, args.naive_seconds, args.seed, 1,
-                        0))
-    if "project" in modes:
-        rows.append(run("project", args.target, args.contract, args.seconds, args.seed, 1,
-                        args.families))
-    for jobs in (int(j) for j in args.jobs.split(",") if int(j) > 1):
-        if "parallel" in modes:
-            rows.append(run("project", args.target, args.contract, args.seconds, args.seed,
-                            jobs, args.families * jobs))
-    print(f"target {args.target} on {torch.cuda.get_device_name()}")
-    print("rows/s counts every verified row of a launch; drawn rows/s leaves out the padding "
-          "rows that fill a batch bucket; compile% is compile time over process time; "
-          "wall s includes starting the jobs (startup s)")
-    print(f"{'mode':10} {'wall s':>7} {'examples':>9} {'ex/s':>7} {'rows':>9} {'rows/s':>9} "
-          f"{'drawn/s':>9} {'compiles':>8} {'compile%':>8} {'startup s':>9} failures")
+        rows.append(run_naive(args.target, args.contract, args.naive_seconds, args.seed))
+    common = (args.target, args.contract, args.seconds, args.seed, args.jobs)
+    if "default" in modes:
+        rows.append(run_cli("cli-default", *common, 1.0, []))
+    if "no-isolate" in modes:
+        rows.append(run_cli("cli-no-isolate", *common, 1.0, ["--no-isolate"]))
+    if "plan" in modes:
+        rows.append(run_cli("cli-default-plan", *common, 0.5, []))
+    print(f"target {args.target} on {torch.cuda.get_device_name()}, --jobs {args.jobs}, "
+          f"{os.cpu_count()} CPU cores")
+    print("ex/s and rows/s are over the wall time of the whole command (start-up, compiles "
+          "and minimization included); campaign s is the campaign alone")
+    print(f"{'mode':18} {'wall s':>7} {'campaign s':>10} {'examples':>9} {'ex/s':>7} "
+          f"{'rows':>10} {'rows/s':>10} failures")
     for r in rows:
-        print(f"{r['mode']:10} {r['wall']:7.1f} {r['examples']:9d} {r['examples_s']:7.1f} "
-              f"{r['rows']:9d} {r['rows_s']:9.0f} {r['drawn_rows_s']:9.0f} {r['compiles']:8d} "
-              f"{100 * r['compile_share']:7.1f}% {r['startup']:9.1f} "
-              f"{r['failures']} {r['failure']}")
+        print(f"{r['mode']:18} {r['wall']:7.1f} {r.get('campaign_s', r['wall']):10.1f} "
+              f"{r['examples']:9d} {r['examples'] / r['wall']:7.1f} {r['rows']:10d} "
+              f"{r['rows'] / r['wall']:10.0f} {r['failures']}")
+    by = {r["mode"]: r for r in rows}
+    if "cli-default" in by and "cli-no-isolate" in by:
+        ratio = (by["cli-default"]["examples"] / by["cli-default"]["wall"]) / max(
+            1e-9, by["cli-no-isolate"]["examples"] / by["cli-no-isolate"]["wall"])
+        print(f"isolated / no-isolate throughput: {100 * ratio:.0f} %")
 
 
 if __name__ == "__main__":

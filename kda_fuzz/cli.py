@@ -88,8 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="peer mode: also judge this implementation and compare the first "
                         "target's outputs with it on every accepted layout (repeatable)")
     f.add_argument("--no-isolate", action="store_true",
-                   help="with one job, run targets in this process (an abort or hang ends "
-                        "the run); jobs of --jobs N are always supervised processes")
+                   help="no flight record: with one job, run targets in this process; with "
+                        "--jobs N, a crash or hang of a target ends the run (default: "
+                        "isolated; a crash costs one restart of a job)")
     f.add_argument("--jobs", "-j", default="1", metavar="N|auto",
                    help="run the campaign's plan as N supervised processes, each with its "
                         "share of the breakage strata and compile families (auto: 8 per "
@@ -216,7 +217,8 @@ def _fuzz(args: argparse.Namespace) -> int:
 
             sup = Supervisor(args.family, args.contract, [t.name for t in targets], jobs,
                              peers=[p.name for p in peers], timeout=args.timeout,
-                             options=CampaignOptions(**options), on_example=progress.update)
+                             options=CampaignOptions(**options), on_example=progress.update,
+                             isolate=not args.no_isolate)
             report = sup.run()
             minimize_failures(contract, report.failures, device=args.device,
                               timeout=args.timeout, shrink_seconds=args.shrink_seconds,

@@ -140,6 +140,8 @@ def run_case(contract: Contract, case: Case, target: Callable[..., Any], *,
     if exp.ok and case.notes.get("semantic"):
         return Outcome("gap", exp, note="the contract accepts a layout broken by "
                        + ", ".join(case.notes.get("breakages", [])))
+    strict = strict or bool(case.notes.get("strict"))  # a case saved under --strict
+    messages = case.notes.get("messages", messages)  # ... or under --messages class
     kwargs, bases = case.materialize()
     before = {n: b.clone() for n, b in bases.items()}
     error: BaseException | None = None

@@ -5,7 +5,8 @@ runs the hot loop itself (draw, build on the device, launch, judge: a
 :class:`~kda_fuzz.runner.Campaign` over its share of the plan's arms) and keeps a flight
 record in shared memory: the position of the example in flight and whether a target is
 executing. Nothing is shipped per example. The supervisor reads progress and failures
-from one queue and watches the records:
+from its own pipe (a job killed mid-message can only break its own pipe, which its
+restart replaces; a queue shared by all jobs would stay locked) and watches the records:
 
 * a job that dies while a target runs is a ``crash`` of that target at that position,
   one that stays in a target call past ``timeout`` is killed, a ``timeout``;
@@ -26,7 +27,6 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import pickle
-import queue
 import random
 import signal
 import threading
@@ -36,6 +36,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from multiprocessing import connection
 from typing import Any
 
 from .oracle import EnvironmentFailure
@@ -119,17 +120,22 @@ class Job:
     resume: tuple[Position, dict[str, Any]] | None = None
     hard: dict[Position, tuple[int, Verdict]] = field(default_factory=dict)
     seen: frozenset[tuple[Any, ...]] = frozenset()  # signatures of failures already kept
+    isolate: bool = True  # keep the flight record (else: no restart after a crash)
 
 
 class _SharedRecorder(Recorder):
     """A job's flight record in shared memory, and its progress messages."""
 
-    def __init__(self, record: Any, send: Callable[[Position], None], device: str) -> None:
-        self.record, self.send, self.device = record, send, device
+    def __init__(self, record: Any, send: Callable[[Position], None], device: str,
+                 flight: bool = True) -> None:
+        self.record, self.send, self.device, self.flight = record, send, device, flight
         self.last = 0.0
 
     @contextmanager
     def call(self, position: Position, target: int) -> Any:
+        if not self.flight:
+            yield
+            return
         r = self.record
         r[ROUND], r[ARM], r[EXAMPLE], r[TARGET] = (*position, target)
         r[SINCE] = time.monotonic()
@@ -170,10 +176,11 @@ def _exit_with_parent() -> None:
     threading.Thread(target=watch, name="kda-fuzz-orphan-watch", daemon=True).start()
 
 
-def _run_job(job: Job, events: Any, stop: Any, record: Any) -> None:
-    """Job process body: one campaign, its progress, failures and end sent on ``events``."""
+def _run_job(job: Job, conn: Any, stop: Any, record: Any) -> None:
+    """Job process body: one campaign, its progress, failures and end sent on ``conn``
+    (from this thread only, so a target's crash never interrupts a message)."""
     _exit_with_parent()
-    put = events.put
+    put = conn.send
     try:
         import torch
 
@@ -206,13 +213,13 @@ def _run_job(job: Job, events: Any, stop: Any, record: Any) -> None:
             c = holder[0]
             rec.last = 0.0  # the next progress message goes out at once
             where = (c._pos[0], c._pos[1], c._pos[2] - 1)  # this example, not yet counted
-            # Plain pickle: torch's queue pickling would share tensors through handles
-            # that die with this process.
+            # Plain pickle: torch's reductions would share tensors through handles that
+            # die with this process.
             payload = pickle.dumps(f) if new else f.signature
             put(("failure" if new else "repeat", job.index, payload, snapshot(where)))
 
         rec = _SharedRecorder(record, lambda pos: put(("progress", job.index, snapshot(pos))),
-                              device)
+                              device, flight=job.isolate)
         c = Campaign(contract, job.variant, targets, peers=peers, options=options,
                      on_failure=on_failure, stop=stop.is_set, recorder=rec,
                      resume=job.resume, hard=job.hard, seen=job.seen)
@@ -221,8 +228,7 @@ def _run_job(job: Job, events: Any, stop: Any, record: Any) -> None:
             rep = c.run()
         except _DeviceFault as e:
             put(("fault", job.index, str(e)))
-            events.close()
-            events.join_thread()
+            conn.close()
             os._exit(70)
         summaries = {"seconds": rep.seconds, "stopped": c.stopped,
                      "targets": {t.name: t.fn.summary() for t in targets
@@ -239,6 +245,7 @@ class _JobState:
     spec: Job
     proc: Any
     record: Any
+    conn: Any
     snapshot: tuple[Position, dict[str, Any]] | None = None
     fault: str = ""
     restarts: int = 0
@@ -263,19 +270,20 @@ class Supervisor:
                  options: CampaignOptions, peers: list[str] | None = None,
                  timeout: float = 60.0,
                  wrap: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None,
-                 on_example: Callable[[Report], None] | None = None) -> None:
+                 on_example: Callable[[Report], None] | None = None,
+                 isolate: bool = True) -> None:
         if jobs < 1:
             raise ValueError(f"jobs must be at least 1, got {jobs}")
         self.contract, self.variant, self.targets = contract, variant, list(targets)
         self.peers = list(peers or [])
         self.jobs, self.timeout, self.wrap, self.on_example = jobs, timeout, wrap, on_example
+        self.isolate = isolate
         if options.seed is None:
             options.seed = random.randrange(2**31)
         if options.families:
             options.families = max(options.families, jobs)  # one family per job at least
         self.options = options
         self.ctx = mp.get_context("spawn")  # CUDA cannot be forked; nor can torch's pools
-        self.events = self.ctx.Queue()
         self.stop = self.ctx.Event()
         self.report = Report(contract, variant, [*self.targets, *self.peers], seed=options.seed)
         self.states: list[_JobState] = []
@@ -286,11 +294,15 @@ class Supervisor:
     def _start(self, spec: Job, state: _JobState | None = None) -> _JobState:
         record = state.record if state is not None else self.ctx.RawArray("d", 6)
         record[STATE] = IDLE
-        proc = self.ctx.Process(target=_run_job, args=(spec, self.events, self.stop, record))
+        reader, writer = self.ctx.Pipe(duplex=False)
+        proc = self.ctx.Process(target=_run_job, args=(spec, writer, self.stop, record))
         proc.start()
+        writer.close()
         if state is None:
-            return _JobState(spec, proc, record)
-        state.spec, state.proc, state.fault = spec, proc, ""
+            return _JobState(spec, proc, record, reader)
+        if state.conn is not None:
+            state.conn.close()
+        state.spec, state.proc, state.conn, state.fault = spec, proc, reader, ""
         state.last_message = time.monotonic()
         return state
 
@@ -305,7 +317,8 @@ class Supervisor:
         self.states = [
             self._start(Job(j, n, self.contract, self.variant, tuple(self.targets),
                             tuple(self.peers), o.device, self.wrap,
-                            CampaignOptions(**{**o.__dict__, "job": (j, n)})))
+                            CampaignOptions(**{**o.__dict__, "job": (j, n)}),
+                            isolate=self.isolate))
             for j in range(n)
         ]
         try:
@@ -346,17 +359,19 @@ class Supervisor:
     # ------------------------------------------------------------------ messages
 
     def _drain(self, wait: float) -> None:
-        try:
-            msg = self.events.get(timeout=wait) if wait else self.events.get_nowait()
-        except queue.Empty:
-            return
-        while True:
-            self._handle(msg)
+        conns = [s.conn for s in self.states if s.conn is not None]
+        ready = connection.wait(conns, timeout=wait) if conns else []
+        if not conns:
+            time.sleep(wait)
+        for conn in ready:
+            s = next(s for s in self.states if s.conn is conn)
             try:
-                msg = self.events.get_nowait()
-            except queue.Empty:
-                break
-        if self.on_example is not None:
+                while s.conn is not None and s.conn.poll():
+                    self._handle(s.conn.recv())
+            except (EOFError, OSError):  # the job ended (or died mid-message)
+                s.conn.close()
+                s.conn = None
+        if ready and self.on_example is not None:
             self.on_example(self._progress())
 
     def _progress(self) -> Report:
@@ -423,6 +438,9 @@ class Supervisor:
         self._drain(0.0)  # its last messages ("done", "fault") may still be queued
         if s.done:
             return
+        if not self.isolate:
+            raise JobError(f"campaign job {s.spec.index} died ({_how(s.proc.exitcode)}); "
+                           "without isolation a crash ends the campaign")
         if not calling:
             raise JobError(f"campaign job {s.spec.index} died outside a target call "
                            f"({_how(s.proc.exitcode)}): the fuzzer's own failure")

@@ -548,6 +548,10 @@ class Campaign:
             return
         if any(t.device.type == "cuda" for t in failure.case.tensors.values()):
             failure.case = failure.case.on("cpu")
+        policy = {**({"strict": True} if self.options.strict else {}),
+                  **({"messages": "class"} if self.options.messages == "class" else {})}
+        if policy:  # replay judges the saved case the way the campaign did
+            failure.case = replace(failure.case, notes={**failure.case.notes, **policy})
         self.known[failure.signature] = failure
         self.report.failures.append(failure)
         if self.on_failure is not None:

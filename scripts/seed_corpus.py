@@ -185,6 +185,7 @@ class Seed:
     mutants: tuple[str, ...] = ()
     keep: Callable[[Case], bool] | None = None
     expect_what: dict[str, str] = field(default_factory=dict)
+    strict: bool = False  # judged under the hardened contract (notes["strict"])
 
 
 def _pad_wrap_write() -> Case:
@@ -293,8 +294,8 @@ SEEDS = (
          "K = 0 with q/k columns present must raise ValueError, not ZeroDivisionError",
          _zero_k, ("no_harden",)),
     Seed("zero-v-rejected",
-         "V = 0 must raise ValueError although upstream's checks let it through", _zero_v,
-         ("no_harden",)),
+         "V = 0 must raise ValueError although upstream's checks let it through (hardened "
+         "contract)", _zero_v, ("no_harden",), strict=True),
     Seed("batch-message-exact",
          "mismatched batch sizes raise check 10's message character for character",
          _batch_message, ("typo_check_10",)),
@@ -343,6 +344,8 @@ def make_seed(seed: Seed, out: Path, check_kernels: bool) -> tuple[Path, list[st
                                 f"{got.verdict.summary()}")
     case.notes["seed"] = seed.slug
     case.notes["mutants"] = list(seed.mutants)
+    if seed.strict:
+        case.notes["strict"] = True
     origin = {"tool": "scripts/seed_corpus.py", "seed": seed.slug,
               "target": _target_name(seed.mutants[0]) if seed.mutants else None,
               "date": None}

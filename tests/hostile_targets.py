@@ -24,3 +24,38 @@ def hangs(*args):
 def aborts(*args):
     """Aborts the process on every call."""
     os.abort()
+
+
+def three_arguments(mixed_qkv, a, b):
+    """Cannot take the contract's arguments."""
+    return mixed_qkv, a
+
+
+def interpreter_gap(*args):
+    """Fails in the execution machinery (as an interpreter without a libdevice function
+    does), not in its own code."""
+    from kernels.kda_decode._execution import ExecutionEnvironmentError
+
+    if bool((args[8] >= 0).any()):
+        raise ExecutionEnvironmentError("libdevice.erfcx has no CPU implementation")
+    return reference_kda_packed_decode(*args)
+
+
+_calls = [0]
+
+
+def flaky_padding(*args):
+    """Correct, except that every third call leaves its padding rows untouched (a failure
+    that re-running the same case does not always show)."""
+    _calls[0] += 1
+    out, state = reference_kda_packed_decode(*args)
+    if _calls[0] % 3 == 0:
+        out[args[8] < 0] = 1.0
+    return out, state
+
+
+def aborts_on_wide_batches(*args):
+    """Correct, except that a valid batch of exactly 7 rows aborts the process (rare)."""
+    if args[0].dim() == 2 and args[0].shape[0] == 7 and args[7].dim() == 4:
+        os.abort()
+    return reference_kda_packed_decode(*args)

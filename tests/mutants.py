@@ -167,3 +167,7 @@ for _bug in NUMERIC_BUGS + CONTRACT_BUGS:
 
 correct_triton = make(set(), "triton")
 correct_helion = make(set(), "helion")
+# Follows the documented checks only (no hardening): HV = 0 passes them and the call
+# returns changing nothing, which the documented contract allows (a validation gap); the
+# helion variant's check 14 rejects K = 0 and V = 0 first.
+documented_helion = make({"no_harden"}, "helion")

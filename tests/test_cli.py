@@ -38,10 +38,14 @@ def test_buggy_target_exits_1_and_saves_into_corpus_found(tmp_path: Path) -> Non
              "--max-examples", "300", "--seed", "1", "--json", cwd=tmp_path)
     assert r.returncode == 1, r.stderr
     summary = json.loads(r.stdout.strip().splitlines()[-1])
-    assert summary["failures"] == 1
-    assert summary["failure_details"][0]["kind"] == "mismatch"
-    saved = list((tmp_path / "corpus" / "found").glob("mismatch-*.json"))
-    assert [str(p.relative_to(tmp_path)) for p in saved] == summary["saved"]
+    # the campaign keeps going: the wrapped padding row shows as two distinct failures
+    # (the padding row's output, the wrapped-to slot), each saved once, repeats counted
+    whats = {d["what"]: d["count"] for d in summary["failure_details"]}
+    assert set(whats) == {"padding-row-not-zero", "untouched-state-written"}
+    assert summary["failures"] == 2 and whats["padding-row-not-zero"] > 1
+    assert {d["kind"] for d in summary["failure_details"]} == {"mismatch"}
+    saved = sorted((tmp_path / "corpus" / "found").glob("mismatch-*.json"))
+    assert sorted(str(p.relative_to(tmp_path)) for p in saved) == sorted(summary["saved"])
     assert not (tmp_path / "corpus" / "found" / ".inflight").exists()
 
 
@@ -61,10 +65,38 @@ def test_usage_errors_exit_2() -> None:
                  ["fuzz", "--max-examples", "0"],
                  ["fuzz", "--jobs", "0"],
                  ["fuzz", "--jobs", "many"],
-                 ["fuzz", "--bogus-flag"]):
+                 ["fuzz", "--bogus-flag"],
+                 ["fuzz", "--max-failures", "0"],
+                 ["fuzz", "--device", "tpu"],
+                 ["fuzz", "--device", "cuda"],  # no CUDA on this machine
+                 ["fuzz", "--device", "cuda:7"],
+                 ["fuzz", "--target", "tests.hostile_targets:three_arguments"],
+                 ["replay", "--device", "cuda", "corpus"],
+                 []):
         r = _run(*args)
         assert r.returncode == 2, (args, r.stdout, r.stderr)
         assert r.stderr.strip(), args
+        assert "Traceback" not in r.stderr, (args, r.stderr)
+
+
+def test_a_target_that_cannot_bind_the_arguments_is_named_and_nothing_is_saved(
+        tmp_path: Path) -> None:
+    r = _run("fuzz", "--target", "tests.hostile_targets:three_arguments", cwd=tmp_path)
+    assert r.returncode == 2
+    assert "three_arguments cannot take the kda contract's 11 arguments" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "corpus").exists()
+
+
+def test_an_environment_failure_exits_2_and_is_no_verdict(tmp_path: Path) -> None:
+    """A target whose execution machinery fails (here an interpreter gap, as the Triton
+    interpreter raises for a libdevice function it cannot run) stops the campaign with an
+    environment error; nothing is saved against the target."""
+    r = _run("fuzz", "--target", "tests.hostile_targets:interpreter_gap", "--contract",
+             "triton", "--max-examples", "40", "--seed", "1", "--valid-share", "1", cwd=tmp_path)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "environment error" in r.stderr and "not a verdict" in r.stderr
+    assert not (tmp_path / "corpus").exists()
 
 
 def test_parallel_jobs_survive_an_aborting_target_and_save_it(tmp_path: Path) -> None:

@@ -67,3 +67,39 @@ def test_out_of_bounds_kernel_is_a_crash_not_the_end(kda_device_name: str) -> No
     with IsolatedTarget(KDA, "kernels.kda_decode:fused_recurrent_kda_packed_decode",
                         timeout=120, device=kda_device_name) as iso:
         assert iso.run(case).status == "pass"
+
+
+def test_no_false_timeout_after_the_parent_used_torch_threads() -> None:
+    """A worker never inherits a running torch thread pool: after the parent ran parallel
+    torch ops, a case large enough for intra-op threads passes through the isolated path
+    in seconds (a forked worker deadlocked here)."""
+    import time
+
+    import torch
+
+    torch.set_num_threads(max(2, torch.get_num_threads()))
+    torch.randn(1 << 22).sum()  # the parent's pool is running now
+    p = KdaLayout(B=65, H=1, HV=2, K=16, V=64, spare_slots=23, qkv_dtype=torch.bfloat16,
+                  ab_dtype=torch.bfloat16, out_dtype=torch.bfloat16,
+                  state_dtype=torch.bfloat16, seed=3)
+    case = build(p, "helion")
+    t = time.monotonic()
+    with IsolatedTarget(KDA, "kernels.kda_decode:reference_kda_packed_decode", timeout=30) as iso:
+        outcome = iso.run(case)
+    assert outcome.status in ("pass", "skip"), outcome.verdict
+    assert time.monotonic() - t < 30
+
+
+def test_a_still_crashing_corpus_entry_fails_alone(tmp_path: Path) -> None:
+    """crash- entries replay isolated (kda-fuzz replay and pytest alike): a target that
+    still aborts fails the entry; the replaying process goes on."""
+    from kda_fuzz.corpus import replay_entry
+    from kda_fuzz.runner import load_target
+
+    padded = build(KdaLayout(B=2, H=1, HV=1, K=4, V=4, padding="first", seed=1), "triton")
+    [(_, outcome)] = replay_entry(KDA, padded, "crash",
+                                     [load_target("tests.hostile_targets:aborts_on_padding")])
+    assert outcome.verdict is not None and outcome.verdict.kind == "crash"
+    [(_, fine)] = replay_entry(KDA, padded, "crash",
+                               [load_target("kernels.kda_decode:reference_kda_packed_decode")])
+    assert fine.status == "pass"

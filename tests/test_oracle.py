@@ -253,3 +253,41 @@ def test_a_scale_subnormal_in_float32_is_within_tolerance() -> None:
         return fused_recurrent_kda_packed_decode(*args[:5], 2 * args[5], *args[6:])
 
     assert run_case(KDA, case, doubled_scale).status == "fail"
+
+
+def test_documented_contract_gaps_are_not_failures_unless_strict() -> None:
+    """A target that follows the documented checks only returns on HV = 0 and changes
+    nothing: a validation gap of the contract by default, a failure under --strict; one
+    that writes on such a layout, or raises another type, fails either way."""
+    from kda_fuzz.runner import Target, campaign
+    from tests import mutants
+
+    twin = [Target("documented", mutants.documented_helion)]
+    rep = campaign(KDA, "helion", twin, max_examples=600, seed=4, max_failures=20)
+    assert not rep.failures, [f.verdict.summary() for f in rep.failures]
+    assert rep.validation_gaps.get("zero-sized K, V or HV", 0) > 0
+    strict = campaign(KDA, "helion", twin, max_examples=600, seed=4, strict=True)
+    assert [f.verdict.what for f in strict.failures] == ["accepted-broken-layout"]
+    assert strict.failures[0].case.notes.get("strict") is True  # replayed as found
+    # K = 0 on the triton variant divides by zero in the documented checks: a failure
+    zero_k = campaign(KDA, "triton", [Target("no_harden", mutants.no_harden)],
+                      max_examples=600, seed=4, max_failures=20)
+    assert "wrong-exception-type" in {f.verdict.what for f in zero_k.failures}
+
+
+def test_message_class_policy_counts_wording_and_judges_the_rest() -> None:
+    from kda_fuzz.runner import Target, campaign
+    from tests import mutants
+
+    typo = [Target("typo", mutants.typo_check_20)]
+    exact = campaign(KDA, "triton", typo, max_examples=400, seed=2)
+    assert [f.verdict.what for f in exact.failures] == ["wrong-message"]
+    lenient = campaign(KDA, "triton", typo, max_examples=400, seed=2, messages="class")
+    assert not lenient.failures
+    assert lenient.wording[20] > 0
+    check, expected, got = lenient.wording_samples[0]
+    assert check == 20 and expected != got and "should" in got
+    # a wrong exception type still fails under the class policy
+    zero_k = campaign(KDA, "triton", [Target("no_harden", mutants.no_harden)],
+                      max_examples=600, seed=4, messages="class", max_failures=20)
+    assert "wrong-exception-type" in {f.verdict.what for f in zero_k.failures}

@@ -1,0 +1,99 @@
+"""Supervised campaigns: the plan dealt to job processes, crashes survived and resumed."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import threading
+import time
+
+from kda_fuzz.contracts import get_contract
+from kda_fuzz.parallel import Supervisor
+from kda_fuzz.runner import CampaignOptions, Target, campaign, deal, load_target, plan
+
+KDA = get_contract("kda")
+REFERENCE = "kernels.kda_decode:reference_kda_packed_decode"
+
+
+def test_deal_gives_every_arm_to_exactly_one_job() -> None:
+    for jobs in (1, 2, 3, 7):
+        arms = plan(KDA, "triton", 400, seed=3, parts=jobs)
+        dealt = [deal(arms, j, jobs) for j in range(jobs)]
+        indices = sorted(a.index for d in dealt for a in d)
+        assert indices == list(range(len(arms)))
+        # every job gets valid examples (the valid arm is split into one part per job)
+        assert all(any(a.name.startswith("valid") for a in d) for d in dealt)
+        assert sum(a.examples for a in arms) == 400
+    # with compile families, each job gets its own
+    arms = plan(KDA, "helion", 400, seed=3, families=3, max_b=64)
+    dealt = [[a.name for a in deal(arms, j, 3) if a.name.startswith("valid")] for j in range(3)]
+    assert sorted(map(len, dealt)) == [1, 1, 1] and len({d[0] for d in dealt}) == 3
+
+
+def _counts(report) -> tuple:
+    return (report.examples, report.valid_cases, report.broken_cases,
+            dict(report.checks_hit))
+
+
+def test_jobs_run_the_plan_of_one_campaign() -> None:
+    """Two jobs run exactly the examples that one in-process campaign of the same plan and
+    seed runs, valid and broken, and the merged report adds them up."""
+    options = dict(max_examples=120, seed=5, budget=1 << 12)
+    sup = Supervisor("kda", "triton", [REFERENCE], 2, options=CampaignOptions(**options))
+    report = sup.run()
+    assert not report.failures
+    assert len(sup.summaries()) == 2 and all(s["seconds"] > 0 for s in sup.summaries())
+    assert report.examples == 120
+    alone = campaign(KDA, "triton", [load_target(REFERENCE)], job=(0, 1), **options)
+    assert report.valid_cases == alone.valid_cases
+    assert report.broken_cases + sum(report.validation_gaps.values()) == \
+        alone.broken_cases + sum(alone.validation_gaps.values())
+
+
+def test_a_crash_costs_one_restart_and_the_campaign_covers_the_same_examples() -> None:
+    """A target that aborts on some valid layouts: each abort is one restart; the job
+    resumes where it stood, so the campaign runs and counts the same examples as with a
+    correct target, and the crash is one distinct failure with its repeats counted."""
+    options = dict(max_examples=160, seed=2, budget=1 << 12, max_failures=5)
+    crashing = Supervisor("kda", "triton", ["tests.hostile_targets:aborts_on_wide_batches"], 1,
+                          options=CampaignOptions(**options)).run()
+    clean = Supervisor("kda", "triton", [REFERENCE], 1, options=CampaignOptions(**options)).run()
+    assert _counts(crashing) == _counts(clean)
+    assert [f.verdict.kind for f in crashing.failures] == ["crash"]
+    crash = crashing.failures[0]
+    assert "SIGABRT" in crash.verdict.detail
+    # the recorded case is the one that was launched: 7 rows, and it still aborts
+    assert crash.case.tensors["mixed_qkv"].shape[0] == 7
+    assert any("restart" in n for n in crashing.notes)
+
+
+def test_distinct_failures_are_kept_until_max_failures() -> None:
+    rep = campaign(KDA, "triton", [load_target("tests.mutants:pad_wrap")], max_examples=300,
+                   seed=1, max_failures=20)
+    whats = sorted(f.verdict.what for f in rep.failures)
+    assert whats == ["padding-row-not-zero", "untouched-state-written"]
+    assert rep.examples == 300 and sum(f.count for f in rep.failures) > 2
+    one = campaign(KDA, "triton", [load_target("tests.mutants:pad_wrap")], max_examples=300,
+                   seed=1, max_failures=1)
+    assert len(one.failures) == 1 and one.examples < 300
+
+
+def test_a_failure_that_does_not_come_back_every_time_is_flaky() -> None:
+    from tests import hostile_targets
+
+    rep = campaign(KDA, "triton", [Target("flaky", hostile_targets.flaky_padding)],
+                   max_examples=200, seed=3, max_failures=20)
+    kinds = {f.verdict.kind for f in rep.failures}
+    assert kinds == {"flaky"}, [f.verdict.summary() for f in rep.failures]
+    f = rep.failures[0]
+    assert f.verdict.extra["reruns"] == 2 and f.verdict.extra["reproduced"] < 2
+    assert f.verdict.extra["first_kind"] == "mismatch"
+
+
+def test_a_stop_from_outside_ends_the_jobs() -> None:
+    ctx_event = mp.get_context("spawn").Event  # noqa: F841 - the supervisor's own kind
+    sup = Supervisor("kda", "triton", [REFERENCE], 2,
+                     options=CampaignOptions(max_examples=100000, seed=1, budget=1 << 12))
+    threading.Timer(8.0, sup.stop.set).start()
+    t = time.monotonic()
+    report = sup.run()
+    assert time.monotonic() - t < 60 and 0 < report.examples < 100000
