@@ -164,7 +164,7 @@ def run_case(contract: Contract, case: Case, target: Callable[..., Any], *,
         if v is None and error is not None and exp.message is not None \
                 and str(error) != exp.message:
             return Outcome("pass", exp, wording=(exp.check, exp.message, str(error)))
-        if v is not None and exp.hole is not None and error is None:
+        if v is not None and exp.hole is not None and error is None and mutated:
             v = Verdict("contract", "wrote-on-degenerate-layout",
                         f"returned normally on a degenerate layout ({exp.hole}) but modified "
                         f"{', '.join(mutated)}", extra={"hole": exp.hole})

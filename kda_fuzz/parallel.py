@@ -192,7 +192,8 @@ def _run_job(job: Job, conn: Any, stop: Any, record: Any) -> None:
             from kernels.kda_decode import _execution
 
             _execution.configure_cpu()
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // job.jobs))
+        # the jobs share the host's cores: no job's torch ops may spread over all of them
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // job.jobs))
         contract = get_contract(job.contract)
         targets = [load_target(t) for t in job.targets]
         peers = [load_target(p) for p in job.peers]
