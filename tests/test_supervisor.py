@@ -69,9 +69,9 @@ def test_a_crash_costs_one_restart_and_the_campaign_covers_the_same_examples() -
 def test_distinct_failures_are_kept_until_max_failures() -> None:
     rep = campaign(KDA, "triton", [load_target("tests.mutants:pad_wrap")], max_examples=300,
                    seed=1, max_failures=20)
-    whats = sorted(f.verdict.what for f in rep.failures)
-    assert whats == ["padding-row-not-zero", "untouched-state-written"]
-    assert rep.examples == 300 and sum(f.count for f in rep.failures) > 2
+    whats = [f.verdict.what for f in rep.failures]
+    assert "padding-row-not-zero" in whats and len(set(whats)) == len(whats)
+    assert rep.examples == 300 and sum(f.count for f in rep.failures) > len(whats)
     one = campaign(KDA, "triton", [load_target("tests.mutants:pad_wrap")], max_examples=300,
                    seed=1, max_failures=1)
     assert len(one.failures) == 1 and one.examples < 300
