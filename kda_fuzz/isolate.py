@@ -16,7 +16,6 @@ from __future__ import annotations
 import faulthandler
 import multiprocessing as mp
 import os
-import signal
 import traceback
 from multiprocessing.connection import Connection
 from typing import Any
@@ -26,15 +25,14 @@ import torch
 from .case import Case
 from .contract import Contract
 from .oracle import EnvironmentFailure, Outcome, expectation
+from .process import exit_with_parent, how_it_ended
 from .verdict import Verdict
 
 
 def _worker(conn: Connection, family: str, target: str, device: str,
             judging: dict[str, Any]) -> None:
     faulthandler.disable()  # a target's abort is reported by the parent, not dumped here
-    from .parallel import _exit_with_parent
-
-    _exit_with_parent()
+    exit_with_parent()
     if device == "cpu":
         from kernels.kda_decode import _execution
 
@@ -74,15 +72,6 @@ def _worker(conn: Connection, family: str, target: str, device: str,
                     "crash", "device-fault", f"the device faulted: {str(e).splitlines()[0]}")))
                 os._exit(70)
         conn.send(outcome)
-
-
-def _how(code: int | None) -> str:
-    if code is not None and code < 0:
-        try:
-            return f"signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"signal {-code}"
-    return f"exit code {code}"
 
 
 class IsolatedTarget:
@@ -156,8 +145,9 @@ class IsolatedTarget:
         if timed_out:
             return Outcome("fail", exp, Verdict(
                 "timeout", "no-return", f"did not return within {self.timeout:g} s"))
-        return Outcome("fail", exp, Verdict("crash", "process-died",
-                                            f"the process running the target died ({_how(code)})"))
+        return Outcome("fail", exp, Verdict(
+            "crash", "process-died",
+            f"the process running the target died ({how_it_ended(code)})"))
 
     def close(self) -> None:
         if self._conn is not None and self._proc is not None and self._proc.is_alive():

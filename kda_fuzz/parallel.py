@@ -28,8 +28,6 @@ import multiprocessing as mp
 import os
 import pickle
 import random
-import signal
-import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -40,6 +38,7 @@ from multiprocessing import connection
 from typing import Any
 
 from .oracle import EnvironmentFailure
+from .process import exit_with_parent, how_it_ended
 from .runner import (
     HARD_KINDS,
     HARD_REPEATS,
@@ -163,23 +162,10 @@ class _DeviceFault(Exception):
     """The device faulted during (or right after) a target call."""
 
 
-def _exit_with_parent() -> None:
-    """End this process soon after its supervisor is gone (killed, crashed)."""
-    parent = os.getppid()
-
-    def watch() -> None:
-        while True:
-            time.sleep(1.0)
-            if os.getppid() != parent:
-                os._exit(3)
-
-    threading.Thread(target=watch, name="kda-fuzz-orphan-watch", daemon=True).start()
-
-
 def _run_job(job: Job, conn: Any, stop: Any, record: Any) -> None:
     """Job process body: one campaign, its progress, failures and end sent on ``conn``
     (from this thread only, so a target's crash never interrupts a message)."""
-    _exit_with_parent()
+    exit_with_parent()
     put = conn.send
     try:
         import torch
@@ -253,15 +239,6 @@ class _JobState:
     done: bool = False
     summary: dict[str, Any] = field(default_factory=dict)
     last_message: float = field(default_factory=time.monotonic)
-
-
-def _how(code: int | None) -> str:
-    if code is not None and code < 0:
-        try:
-            return f"signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"signal {-code}"
-    return f"exit code {code}"
 
 
 class Supervisor:
@@ -439,21 +416,22 @@ class Supervisor:
         self._drain(0.0)  # its last messages ("done", "fault") may still be queued
         if s.done:
             return
+        ended = how_it_ended(s.proc.exitcode)
         if not self.isolate:
-            raise JobError(f"campaign job {s.spec.index} died ({_how(s.proc.exitcode)}); "
-                           "without isolation a crash ends the campaign")
+            raise JobError(f"campaign job {s.spec.index} died ({ended}); without isolation a "
+                           "crash ends the campaign")
         if not calling:
             raise JobError(f"campaign job {s.spec.index} died outside a target call "
-                           f"({_how(s.proc.exitcode)}): the fuzzer's own failure")
+                           f"({ended}): the fuzzer's own failure")
         if r[STATE] == FAULTED or s.fault:
             self._restart(s, "crash", "device-fault", f"the device faulted: {s.fault}")
         elif r[STATE] == JUDGING:
             self._restart(s, "crash", "process-died",
                           f"the process died after the target returned, while its results "
-                          f"were judged ({_how(s.proc.exitcode)}); memory corrupted?")
+                          f"were judged ({ended}); memory corrupted?")
         else:
             self._restart(s, "crash", "process-died",
-                          f"the process running the target died ({_how(s.proc.exitcode)})")
+                          f"the process running the target died ({ended})")
 
     def _restart(self, s: _JobState, kind: str, what: str, detail: str) -> None:
         """Record the hard fault at the job's flight position and start the job again from
