@@ -5,7 +5,8 @@ interpreter) costs milliseconds per program, one program per batch row and value
 layouts sized for native code would take minutes each. Before a CPU campaign whose sizes
 were not given, the target runs probe layouts of the contract (``extras["probe"]``: one
 row, ``PROBE_ROWS`` rows, and ``PROBE_ROWS`` wider rows) in an isolated worker; the
-differences give its cost per row and head and per state element, and from those the
+differences give its cost per row and head and per state element. A target that pays
+milliseconds per row and head (an interpreter running one program each) gets, from those, the
 largest B*HV and element budget that keep a valid example within ``EXAMPLE_SECONDS`` (half
 of it for each).
 """
@@ -20,6 +21,9 @@ from .contract import Contract
 
 EXAMPLE_SECONDS = 0.5  # wall time a valid example may take on the CPU
 PROBE_ROWS, NARROW, WIDE = 8, 16, 64  # probe layouts: rows x (K = V = NARROW or WIDE)
+# A cost per row and head above this is an interpreter's (one program each, ms apiece);
+# vectorised code costs microseconds, and timing noise must not cap its sizes.
+INTERPRETED_ROW_HEAD = 5e-4
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,8 @@ def calibrate(contract: Contract, variant: str, target: str, *, timeout: float =
     fixed = times[1]
     per_row = max(0.0, (times[2] - fixed) / (PROBE_ROWS - 1))
     per_elem = max(0.0, (times[3] - times[2]) / (PROBE_ROWS * (WIDE**2 - NARROW**2)))
+    if per_row < INTERPRETED_ROW_HEAD:  # vectorised code: the default sizes are cheap
+        return None
     half = max(EXAMPLE_SECONDS - fixed, EXAMPLE_SECONDS / 5) / 2
     max_bhv = min(default_bhv, max(1, int(half / per_row)) if per_row else default_bhv)
     budget = min(default_budget, max(NARROW**2, int(half / per_elem)) if per_elem

@@ -1,0 +1,27 @@
+"""Time-aware sizes: an interpreted kernel on CPU gets capped layouts, native code not."""
+
+from __future__ import annotations
+
+from kda_fuzz.calibrate import EXAMPLE_SECONDS, apply, calibrate
+from kda_fuzz.contracts import get_contract
+
+KDA = get_contract("kda")
+
+
+def test_an_interpreted_kernel_gets_sizes_that_fit_the_time() -> None:
+    sizing = calibrate(KDA, "triton", "tests.foreign.triton_row_program:decode")
+    assert sizing is not None and sizing.per_row_head > 5e-4
+    assert 1 <= sizing.max_bhv < 4096 and sizing.budget <= 1 << 18
+    options: dict = {"budget": None, "max_b": None, "max_bhv": None}
+    apply(sizing, options)
+    assert options["max_bhv"] == sizing.max_bhv and options["budget"] == sizing.budget
+    assert options["max_b"] <= sizing.max_bhv
+    # the caps keep the predicted example time near the target
+    predicted = (sizing.fixed + sizing.per_row_head * sizing.max_bhv
+                 + sizing.per_element * sizing.budget)
+    assert predicted <= 2 * EXAMPLE_SECONDS
+    assert "sizes capped" in sizing.note()
+
+
+def test_vectorised_code_keeps_the_default_sizes() -> None:
+    assert calibrate(KDA, "triton", "kernels.kda_decode:reference_kda_packed_decode") is None
