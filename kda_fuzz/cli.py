@@ -67,6 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="do not round B up to powers of two with padding rows on cuda")
     f.add_argument("--valid-share", type=float, default=0.5,
                    help="share of examples spent on valid layouts (default 0.5)")
+    f.add_argument("--scale-share", type=float, default=None,
+                   help="share of examples in the GPU-scale stratum (B*HV past 65,535, "
+                        "state pools past 2^31 elements; default 0.03 on cuda, 0 on cpu)")
+    f.add_argument("--scale-budget", type=int, default=None, metavar="BYTES",
+                   help="device bytes per scale case (default: half the device's free "
+                        "memory, split between the jobs)")
     f.add_argument("--shrink-seconds", type=float, default=30.0,
                    help="time allowed to minimize each distinct failure (default 30)")
     f.add_argument("--max-failures", type=int, default=20, metavar="N",
@@ -183,6 +189,10 @@ def _fuzz(args: argparse.Namespace) -> int:
         raise UsageError("--max-failures must be at least 1")
     if not 0 <= args.valid_share <= 1:
         raise UsageError("--valid-share must be between 0 and 1")
+    if args.scale_share is not None and not 0 <= args.scale_share <= 1:
+        raise UsageError("--scale-share must be between 0 and 1")
+    if args.scale_budget is not None and args.scale_budget <= 0:
+        raise UsageError("--scale-budget must be positive")
     if args.timeout <= 0:
         raise UsageError("--timeout must be positive")
     if args.max_seconds is not None and args.max_seconds <= 0:
@@ -289,6 +299,9 @@ def _shaping(args: argparse.Namespace) -> dict[str, Any]:
         "budget": args.budget or (1 << 24 if cuda else INTERPRETED_BUDGET if interpreted
                                   else None),
         "max_bhv": INTERPRETED_MAX_BHV if interpreted and not args.budget else None,
+        "scale_share": (args.scale_share if getattr(args, "scale_share", None) is not None
+                        else 0.03 if cuda else 0.0),
+        "scale_budget": getattr(args, "scale_budget", None),
     }
     return out
 
