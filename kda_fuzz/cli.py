@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="share of examples in the GPU-scale stratum (B*HV past 65,535, "
                         "state pools past 2^31 elements; default 0.03 on cuda, 0 on cpu)")
     f.add_argument("--scale-budget", type=int, default=None, metavar="BYTES",
-                   help="device bytes per scale case (default: half the device's free "
+                   help="device bytes per scale case (default: 0.8 of the device's free "
                         "memory, split between the jobs)")
     f.add_argument("--shrink-seconds", type=float, default=30.0,
                    help="time allowed to minimize each distinct failure (default 30)")
@@ -234,6 +234,12 @@ def _fuzz(args: argparse.Namespace) -> int:
                               timeout=args.timeout, shrink_seconds=args.shrink_seconds,
                               workers=min(jobs, 4), messages=args.messages, strict=args.strict)
     report.notes[:0] = report_notes
+    if report.judged:
+        report.notes.append(
+            f"scale stratum: {report.judged.get('full', 0)} case(s) judged on every live row, "
+            f"{report.judged.get('sampled', 0)} on a sample of rows (first and last, the one "
+            "naming slot num_slots-1, those around 65,535/65,536 in B and B*HV order, the "
+            "rest at random); every untouched cell checked bit-exactly")
     corpus = None if args.no_save else args.corpus or _default_corpus()
     if corpus and report.failures:
         _save(report, contract, corpus, args)

@@ -271,7 +271,7 @@ def plan(contract: Contract, variant: str, max_examples: int, *, device: str = "
 
     ``scale_share`` of the examples (taken from the valid ones) go to the contract's
     scale stratum (``extras["scale_cases"]``), sized to ``scale_budget`` bytes (default:
-    half the device's free memory split between ``parts`` jobs); none when nothing fits."""
+    0.8 of the device's free memory split between ``parts`` jobs); none when nothing fits."""
     arms_scale = _scale_arms(contract, variant, max_examples, device, scale_share,
                              scale_budget, parts)
     max_examples -= sum(a.examples for a in arms_scale)

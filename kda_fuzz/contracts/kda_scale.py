@@ -12,8 +12,8 @@ Layouts that cross the limits where real GPU kernels break, each drawn on both s
 Every case names slot ``num_slots - 1``. Big buffers are filled cheaply (NaN guards, one
 value per slot), only the cells live rows read get random values. Sizes are kept within
 a memory budget in bytes (``case_cost``: the inputs, the caller's copy, the ``before``
-copy and the judge's scratch). ``judge_sampled`` judges these cases without a float64
-reference of the whole pool.
+copy and the judge's scratch, which is chunked and sampled so it stays near 1.5 GiB).
+``judge_sampled`` judges these cases without a float64 reference of the whole pool.
 """
 
 from __future__ import annotations
@@ -34,9 +34,12 @@ GRID_YZ = 65535  # blocks on CUDA grid axes y and z
 INT32 = 2**31  # elements past which int32 offsets wrap
 KINDS = ("bhv", "wide-batch", "big-pool", "qkv-stride", "tails")
 CHUNK = 1 << 26  # elements compared per step by the judge's bit-exact checks
-COPIES = 4  # inputs, the caller's copy, ``before``, judge scratch (at most one base's worth)
+COPIES = 3  # the inputs, the caller's copy (``Case.materialize``), ``before``
 SAMPLE_ROWS = 2048  # live rows whose math is checked when the full reference is too big
-FULL_LIMIT = 1 << 22  # live state elements (rows * HV * V * K) judged in full
+FULL_LIMIT = 1 << 22  # live state elements (rows * HV * V * K) judged in full (or sampled)
+# The judge's own memory: chunked bit comparisons (a few bytes per CHUNK element) and
+# float64 terms of the reference (about a dozen arrays of FULL_LIMIT elements).
+JUDGE_SCRATCH = CHUNK * 16 + FULL_LIMIT * 8 * 16
 
 
 @dataclass(frozen=True)
@@ -60,8 +63,10 @@ def case_bytes(s: ScaleLayout) -> int:
 
 
 def case_cost(s: ScaleLayout) -> int:
-    """Device bytes a scale case needs while it is run and judged (``COPIES`` copies)."""
-    return COPIES * case_bytes(s)
+    """Device bytes a scale case needs while it is run and judged: ``COPIES`` copies of
+    its bases and the judge's scratch (no more than the case's own bytes when small)."""
+    one = case_bytes(s)
+    return COPIES * one + min(one, JUDGE_SCRATCH)
 
 
 def _layout(**kw: Any) -> KdaLayout:
@@ -233,9 +238,9 @@ def scale_cases(variant: str, device: str = "cpu", budget_bytes: int = 1 << 30
     def make(s: ScaleLayout) -> Case:
         if torch.device(device).type == "cuda":
             free = torch.cuda.mem_get_info(torch.device(device))[0]
-            if case_cost(s) > 0.8 * free:
+            if case_cost(s) > 0.9 * free:
                 s = cheapest(s.kind)
-                if case_cost(s) > 0.8 * free:
+                if case_cost(s) > 0.9 * free:
                     s = cheapest("wide-batch")
         case = build_scale(s, variant, device)
         case.notes["bytes"] = case_bytes(s)
@@ -244,7 +249,7 @@ def scale_cases(variant: str, device: str = "cpu", budget_bytes: int = 1 << 30
     return scale_layouts(variant, budget_bytes).map(make)
 
 
-def device_budget(device: str, jobs: int = 1, share: float = 0.5) -> int:
+def device_budget(device: str, jobs: int = 1, share: float = 0.8) -> int:
     """Default scale budget: ``share`` of the device's free memory, split between the
     ``jobs`` sharing it (0 off cuda)."""
     if not str(device).startswith("cuda") or not torch.cuda.is_available():
@@ -330,8 +335,10 @@ def judge_sampled(case: Case, kwargs: dict[str, Any], before: dict[str, torch.Te
     Bit-exact on everything, on the device and chunked: read-only inputs, ``out``'s guard
     cells, padding rows exactly 0, the pool's guards, slot padding and every slot that no
     live row names. The math (float64 reference and bounds of ``kda.reference64``) on all
-    live rows when rows * HV * V * K <= ``full_limit``, else on ``sample_rows`` (``limit``
-    rows, every head of each). ``case.notes["judged"]`` says which."""
+    live rows when rows * HV * V * K <= ``full_limit``, else on ``sample_rows`` (at most
+    ``limit`` rows and about ``full_limit`` state elements, at least 4 rows; every head of
+    each row). Live slots outside the sample are not compared with the reference.
+    ``case.notes["judged"]`` says which."""
     from . import kda
 
     out, state = kwargs["out"], kwargs["initial_state"]
@@ -347,7 +354,9 @@ def judge_sampled(case: Case, kwargs: dict[str, Any], before: dict[str, torch.Te
     live_slots = idx[live_rows]
     R = live_rows.numel()
     full = R * HV * V * K <= full_limit
-    pick = live_rows.cpu() if full else sample_rows(live_rows, live_slots, n_slots, HV, limit)
+    per_row = max(1, HV * V * K)  # the sample is bounded in state elements too
+    pick = live_rows.cpu() if full else sample_rows(
+        live_rows, live_slots, n_slots, HV, min(limit, max(4, full_limit // per_row)))
     case.notes["judged"] = (f"full: {R} live rows x {HV} heads" if full else
                             f"sampled: {pick.numel()} of {R} live rows x {HV} heads")
     case.notes["judged_mode"] = "full" if full else "sampled"
