@@ -67,6 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="do not round B up to powers of two with padding rows on cuda")
     f.add_argument("--valid-share", type=float, default=0.5,
                    help="share of examples spent on valid layouts (default 0.5)")
+    f.add_argument("--scale-share", type=float, default=None,
+                   help="share of examples in the GPU-scale stratum (B*HV past 65,535, "
+                        "state pools past 2^31 elements; default 0.03 on cuda, 0 on cpu)")
+    f.add_argument("--scale-budget", type=int, default=None, metavar="BYTES",
+                   help="device bytes per scale case (default: 0.8 of the device's free "
+                        "memory, split between the jobs)")
     f.add_argument("--shrink-seconds", type=float, default=30.0,
                    help="time allowed to minimize each distinct failure (default 30)")
     f.add_argument("--max-failures", type=int, default=20, metavar="N",
@@ -183,6 +189,10 @@ def _fuzz(args: argparse.Namespace) -> int:
         raise UsageError("--max-failures must be at least 1")
     if not 0 <= args.valid_share <= 1:
         raise UsageError("--valid-share must be between 0 and 1")
+    if args.scale_share is not None and not 0 <= args.scale_share <= 1:
+        raise UsageError("--scale-share must be between 0 and 1")
+    if args.scale_budget is not None and args.scale_budget <= 0:
+        raise UsageError("--scale-budget must be positive")
     if args.timeout <= 0:
         raise UsageError("--timeout must be positive")
     if args.max_seconds is not None and args.max_seconds <= 0:
@@ -224,6 +234,12 @@ def _fuzz(args: argparse.Namespace) -> int:
                               timeout=args.timeout, shrink_seconds=args.shrink_seconds,
                               workers=min(jobs, 4), messages=args.messages, strict=args.strict)
     report.notes[:0] = report_notes
+    if report.judged:
+        report.notes.append(
+            f"scale stratum: {report.judged.get('full', 0)} case(s) judged on every live row, "
+            f"{report.judged.get('sampled', 0)} on a sample of rows (first and last, the one "
+            "naming slot num_slots-1, those around 65,535/65,536 in B and B*HV order, the "
+            "rest at random); every untouched cell checked bit-exactly")
     corpus = None if args.no_save else args.corpus or _default_corpus()
     if corpus and report.failures:
         _save(report, contract, corpus, args)
@@ -289,6 +305,9 @@ def _shaping(args: argparse.Namespace) -> dict[str, Any]:
         "budget": args.budget or (1 << 24 if cuda else INTERPRETED_BUDGET if interpreted
                                   else None),
         "max_bhv": INTERPRETED_MAX_BHV if interpreted and not args.budget else None,
+        "scale_share": (args.scale_share if getattr(args, "scale_share", None) is not None
+                        else 0.03 if cuda else 0.0),
+        "scale_budget": getattr(args, "scale_budget", None),
     }
     return out
 

@@ -131,6 +131,7 @@ class Report:
     seconds: float = 0.0
     seed: int | None = None
     checks_hit: Counter = field(default_factory=Counter)
+    judged: Counter = field(default_factory=Counter)  # scale cases: "full" / "sampled" math
     validation_gaps: Counter = field(default_factory=Counter)
     wording: Counter = field(default_factory=Counter)  # check -> differently worded errors
     wording_samples: list[tuple[int | None, str, str]] = field(default_factory=list)
@@ -159,6 +160,8 @@ class Report:
             self.checks_hit[exp.check if exp.check is not None else f"hole:{exp.hole}"] += 1
         if outcome.status == "skip":
             self.skipped += 1
+        if case.notes.get("judged_mode"):
+            self.judged[case.notes["judged_mode"]] += 1
         if outcome.wording is not None:
             self.wording[outcome.wording[0]] += 1
             if len(self.wording_samples) < WORDING_SAMPLES:
@@ -168,7 +171,8 @@ class Report:
         """The counts alone (what a job sends as progress, and resumes from)."""
         out: dict[str, Any] = {n: getattr(self, n) for n in self.COUNTERS}
         out.update(checks_hit=dict(self.checks_hit), validation_gaps=dict(self.validation_gaps),
-                   wording=dict(self.wording), wording_samples=list(self.wording_samples))
+                   wording=dict(self.wording), wording_samples=list(self.wording_samples),
+                   judged=dict(self.judged))
         return out
 
     def add_counters(self, c: dict[str, Any]) -> None:
@@ -178,6 +182,7 @@ class Report:
         self.checks_hit.update(c["checks_hit"])
         self.validation_gaps.update(c["validation_gaps"])
         self.wording.update(c["wording"])
+        self.judged.update(c.get("judged", {}))
         room = WORDING_SAMPLES - len(self.wording_samples)
         self.wording_samples.extend(c["wording_samples"][:max(0, room)])
 
@@ -211,6 +216,7 @@ class Report:
                 for f in self.failures
             ],
             "seconds": round(self.seconds, 3),
+            "scale_judged": dict(self.judged),
             "checks_hit": {str(k): v for k, v in sorted(self.checks_hit.items(), key=_check_key)},
             "validation_gaps": dict(self.validation_gaps),
             "wording_differences": {str(k): v for k, v in self.wording.items()},
@@ -254,13 +260,48 @@ def deal(arms: list[Arm], job: int, jobs: int) -> list[Arm]:
 def plan(contract: Contract, variant: str, max_examples: int, *, device: str = "cpu",
          budget: int | None = None, valid_share: float = 0.5, families: int = 0,
          bucket: bool = False, max_b: int | None = None, seed: int | None = None,
-         max_bhv: int | None = None, parts: int = 1) -> list[Arm]:
+         max_bhv: int | None = None, parts: int = 1, scale_share: float = 0.0,
+         scale_budget: int | None = None) -> list[Arm]:
     """Split a campaign's examples: every broken stratum (each breakage, each adjacent pair
     of checks) gets its share, then a random mix of breakages, then valid layouts.
 
     With ``families`` (and a contract that defines them) the valid examples are spent
     family by family, so a shape-specialising kernel compiles a few times per family.
-    Without families the valid examples are split into ``parts`` arms (one per job)."""
+    Without families the valid examples are split into ``parts`` arms (one per job).
+
+    ``scale_share`` of the examples (taken from the valid ones) go to the contract's
+    scale stratum (``extras["scale_cases"]``), sized to ``scale_budget`` bytes (default:
+    0.8 of the device's free memory split between ``parts`` jobs); none when nothing fits."""
+    arms_scale = _scale_arms(contract, variant, max_examples, device, scale_share,
+                             scale_budget, parts)
+    max_examples -= sum(a.examples for a in arms_scale)
+    arms = _plan(contract, variant, max_examples, device=device, budget=budget,
+                 valid_share=valid_share, families=families, bucket=bucket, max_b=max_b,
+                 seed=seed, max_bhv=max_bhv, parts=parts)
+    return [*arms, *arms_scale]
+
+
+def _scale_arms(contract: Contract, variant: str, max_examples: int, device: str,
+                share: float, budget: int | None, parts: int) -> list[Arm]:
+    factory = contract.extras.get("scale_cases")
+    n = round(max_examples * share)
+    if not n or factory is None:
+        return []
+    if budget is None:
+        from .contracts.kda_scale import device_budget
+
+        budget = device_budget(device, parts)
+    strategy = factory(variant, device, budget) if budget else None
+    if strategy is None:
+        return []
+    return [Arm(f"scale:part{j}" if parts > 1 else "scale", strategy, k)
+            for j, k in enumerate(_split(n, max(1, parts))) if k]
+
+
+def _plan(contract: Contract, variant: str, max_examples: int, *, device: str,
+          budget: int | None, valid_share: float, families: int, bucket: bool,
+          max_b: int | None, seed: int | None, max_bhv: int | None,
+          parts: int) -> list[Arm]:
     strata = contract.broken_arms(variant)
     n_broken = round(max_examples * (1 - valid_share))
     per = (n_broken * 4 // 5) // max(1, len(strata))  # 0: too few examples, mix only
@@ -339,6 +380,8 @@ class CampaignOptions:
     bucket: bool = False
     max_b: int | None = None
     max_bhv: int | None = None
+    scale_share: float = 0.0  # share of examples in the contract's GPU-scale stratum
+    scale_budget: int | None = None  # its bytes per case (None: from the device's free memory)
     max_seconds: float | None = None
     deadline: float | None = None  # time.monotonic() at which to stop (overrides max_seconds)
     max_failures: int = 1  # distinct failures before the campaign stops
@@ -412,7 +455,7 @@ class Campaign:
         arms = plan(self.contract, self.variant, o.max_examples, device=o.device,
                     budget=o.budget, valid_share=o.valid_share, families=o.families,
                     bucket=o.bucket, max_b=o.max_b, seed=o.seed, max_bhv=o.max_bhv,
-                    parts=o.job[1])
+                    parts=o.job[1], scale_share=o.scale_share, scale_budget=o.scale_budget)
         return deal(arms, *o.job)
 
     def run(self) -> Report:

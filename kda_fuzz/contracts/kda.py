@@ -31,7 +31,7 @@ from ..case import Case
 from ..contract import Check, Contract, Hole, Unjudgeable, shape
 from ..oracle import same_bits
 from ..verdict import Verdict
-from . import kda_layouts
+from . import kda_layouts, kda_scale
 
 SIGNATURE = (
     "mixed_qkv", "a", "b", "A_log", "dt_bias", "scale", "initial_state", "out",
@@ -275,8 +275,10 @@ def judge(case: Case, kwargs: dict[str, Any], before: dict[str, torch.Tensor],
     With a ``budget`` dict, it is filled with the error budget used: the largest
     |got - ref| / bound per output and dtype (``"out/float32"``, ``"state/bfloat16"``;
     1.0 is the tolerance), read back in the same device sync; outputs with no valid row
-    are left out.
+    are left out. Scale cases (``notes["scale"]``) go to ``kda_scale.judge_sampled``.
     """
+    if case.notes.get("scale"):  # GPU-scale cases: bit-exact everywhere, math sampled
+        return kda_scale.judge_sampled(case, kwargs, before, after, result, budget)
     out, state = kwargs["out"], kwargs["initial_state"]
     if not (isinstance(result, tuple | list) and len(result) == 2
             and result[0] is out and result[1] is state):
@@ -437,7 +439,9 @@ CONTRACT = Contract(
         },
         "reference_target": "kernels.kda_decode:reference_kda_packed_decode",
         "summarize": layout_summary,  # a case's sizes, dtypes and strides in one line
-        "judge_budget": True,  # judge(..., budget={}) reports the error budget used
+        "judge_budget": True,
+        # the GPU-scale stratum: (variant, device, budget_bytes) -> strategy or None
+        "scale_cases": kda_scale.scale_cases,  # judge(..., budget={}) reports the error budget used
         # calibrate.py: a valid case of `rows` batch rows and one head, K = V = `width`
         "probe": lambda rows, width, variant: kda_layouts.build(
             kda_layouts.KdaLayout(B=rows, H=1, HV=1, K=width, V=width, seed=0), variant),
