@@ -33,6 +33,9 @@ class Outcome:
     budget: dict[str, float] | None = None  # largest |got - ref| / bound per output/dtype
 
 
+OUT_OF_MEMORY = "not judged: out of device memory"
+
+
 class EnvironmentFailure(Exception):
     """The machinery that runs a target failed, not the target (an interpreter that cannot
     execute a kernel on this device, a device that is gone): never a verdict."""
@@ -142,8 +145,11 @@ def run_case(contract: Contract, case: Case, target: Callable[..., Any], *,
                        + ", ".join(case.notes.get("breakages", [])))
     strict = strict or bool(case.notes.get("strict"))  # a case saved under --strict
     messages = case.notes.get("messages", messages)  # ... or under --messages class
-    kwargs, bases = case.materialize()
-    before = {n: b.clone() for n, b in bases.items()}
+    try:
+        kwargs, bases = case.materialize()
+        before = {n: b.clone() for n, b in bases.items()}
+    except torch.OutOfMemoryError:
+        return Outcome("skip", exp, note=OUT_OF_MEMORY)
     error: BaseException | None = None
     result: Any = None
     with (guard or _no_guard)():
@@ -151,6 +157,8 @@ def run_case(contract: Contract, case: Case, target: Callable[..., Any], *,
             result = target(*call_args(contract, kwargs))
         except Exception as e:  # the oracle judges every exception type
             error = e
+    if isinstance(error, torch.OutOfMemoryError):  # the device is full: not a verdict
+        return Outcome("skip", exp, note=f"{OUT_OF_MEMORY} (in the target)")
     if error is not None and not isinstance(error, contract.exception):
         cause = _environment_cause(error, case)
         if cause is not None:
@@ -181,6 +189,8 @@ def run_case(contract: Contract, case: Case, target: Callable[..., Any], *,
              else contract.judge(case, kwargs, before, bases, result, budget=used))
     except Unjudgeable as e:
         return Outcome("skip", exp, note=str(e))
+    except torch.OutOfMemoryError:
+        return Outcome("skip", exp, note=f"{OUT_OF_MEMORY} (in the oracle)")
     except Exception as e:  # e.g. the target resized or re-typed the caller's tensors
         return Outcome("fail", exp, Verdict(
             "mismatch", "outputs-unreadable",

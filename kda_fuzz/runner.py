@@ -608,15 +608,20 @@ class Campaign:
 
     def _confirm(self, failure: Failure, target: Target, pos: Position | None,
                  index: int) -> Failure:
-        runs = self.options.confirm_runs
+        runs = 0
         same = 0
-        for _ in range(runs):
+        for _ in range(self.options.confirm_runs):
             again = (self._judge(pos, index, failure.case, target) if pos is not None
                      else Outcome("fail", expectation(self.contract, failure.case),
                                   failure.verdict))
+            if again.status == "skip":  # e.g. out of device memory: no evidence either way
+                continue
+            runs += 1
             same += again.verdict is not None and again.verdict.signature() == \
                 failure.verdict.signature()
         if same == runs:
+            if runs < self.options.confirm_runs:
+                failure.note = f"re-run {runs} of {self.options.confirm_runs} times"
             return failure
         v = failure.verdict
         flaky = Verdict("flaky", v.what, f"seen once, then in {same} of {runs} re-runs of the "
