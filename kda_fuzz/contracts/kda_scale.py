@@ -18,12 +18,14 @@ copy and the judge's scratch, which is chunked and sampled so it stays near 1.5 
 
 from __future__ import annotations
 
+import gc
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
+from hypothesis import reject
 from hypothesis import strategies as st
 
 from ..case import Case, TensorArg
@@ -231,7 +233,8 @@ def scale_cases(variant: str, device: str = "cpu", budget_bytes: int = 1 << 30
                 ) -> st.SearchStrategy[Case] | None:
     """Scale cases of a variant within ``budget_bytes`` (None when none fits). On cuda,
     a case is checked against the device's free memory when it is built and replaced by
-    its sub-stratum's cheapest case (or the cheapest of all) when it would not fit."""
+    its sub-stratum's cheapest case (or the cheapest of all) when it would not fit, or
+    when building it runs out of this job's share of memory (then no case at all)."""
     if not fitting_kinds(budget_bytes):
         return None
 
@@ -242,9 +245,17 @@ def scale_cases(variant: str, device: str = "cpu", budget_bytes: int = 1 << 30
                 s = cheapest(s.kind)
                 if case_cost(s) > 0.9 * free:
                     s = cheapest("wide-batch")
-        case = build_scale(s, variant, device)
-        case.notes["bytes"] = case_bytes(s)
-        return case
+        for attempt in (s, cheapest(s.kind), cheapest("wide-batch")):
+            try:
+                case = build_scale(attempt, variant, device)
+            except torch.OutOfMemoryError:  # this job's share is taken (by the last case?)
+                gc.collect()
+                torch.cuda.empty_cache()
+                continue
+            case.notes["bytes"] = case_bytes(attempt)
+            return case
+        reject()  # nothing fits now: Hypothesis draws another example
+        raise AssertionError("unreachable")
 
     return scale_layouts(variant, budget_bytes).map(make)
 

@@ -17,14 +17,7 @@ from ._execution import cpu_mode, run_helion, stage_bf16_outputs, uses_interpret
 from .validate import validate_packed_decode_inputs
 
 
-# ref_mode is explicit so that HELION_INTERPRET / TRITON_INTERPRET in the environment never
-# change (or, set together, break) this kernel; CPU execution is chosen in _execution.
-@helion.kernel(
-    static_shapes=True,
-    config=helion.Config(num_warps=2, num_stages=1),
-    ref_mode=RefMode.OFF,
-)
-def kda_packed_decode_kernel(
+def _kda_packed_decode(
     q: torch.Tensor,  # [B, H, K]
     k: torch.Tensor,  # [B, H, K]
     v: torch.Tensor,  # [B, H, G, V]
@@ -76,6 +69,25 @@ def kda_packed_decode_kernel(
             out[tile_b, h, g, tile_v] = hl.zeros([tile_b, tile_v], dtype=out.dtype)
 
 
+# ref_mode is explicit so that HELION_INTERPRET / TRITON_INTERPRET in the environment never
+# change (or, set together, break) this kernel; CPU execution is chosen in _execution.
+_SETTINGS = dict(static_shapes=True, config=helion.Config(num_warps=2, num_stages=1),
+                 ref_mode=RefMode.OFF)
+kda_packed_decode_kernel = helion.kernel(**_SETTINGS)(_kda_packed_decode)
+# Offsets past 2^31 elements (a state pool of over 2^31 elements, a `mixed_qkv` row stride
+# times B past it) need 64-bit index arithmetic; the 32-bit kernel stays the fast default.
+kda_packed_decode_kernel_i64 = helion.kernel(index_dtype=torch.int64, **_SETTINGS)(
+    _kda_packed_decode)
+INT32_REACH = 2**31
+
+
+def _reach(t: torch.Tensor) -> int:
+    """One past the largest element offset a view reaches in its storage."""
+    if t.numel() == 0:
+        return 0
+    return t.storage_offset() + 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+
+
 def helion_fused_recurrent_kda_packed_decode(
     mixed_qkv: torch.Tensor,
     a: torch.Tensor,
@@ -105,8 +117,9 @@ def helion_fused_recurrent_kda_packed_decode(
     block_v = V if cpu else min(V, max(1, 2048 // K))
     interpreted = cpu and cpu_mode() == "triton"
     with stage_bf16_outputs(out, initial_state, ssm_state_indices, interpreted) as (o, st):
+        wide = max(_reach(t) for t in (mixed_qkv, a, b, st, o)) >= INT32_REACH
         run_helion(
-            kda_packed_decode_kernel,
+            kda_packed_decode_kernel_i64 if wide else kda_packed_decode_kernel,
             (
                 mixed_qkv[:, : H * K].unflatten(1, (H, K)),
                 mixed_qkv[:, H * K : 2 * H * K].unflatten(1, (H, K)),
