@@ -343,7 +343,7 @@ def _split(n: int, parts: int) -> list[int]:
 
 
 
-CHUNK = 25  # examples per arm and round when a deadline cycles through the arms
+CHUNK = 25  # examples of the largest arm per round when a deadline cycles through them
 
 
 # A position in a campaign: (round, arm within the job, example within the arm's run).
@@ -468,6 +468,7 @@ class Campaign:
             None if o.max_seconds is None else t0 + o.max_seconds)
         self._deadline = deadline
         arms = self.arms()
+        largest = max((a.examples for a in arms), default=1)
         try:
             rounds = 0
             while True:
@@ -476,7 +477,10 @@ class Campaign:
                         continue  # done before the resume point
                     if deadline is not None and time.monotonic() > deadline:
                         raise _Stopped
-                    n = arm.examples if deadline is None else min(arm.examples, CHUNK)
+                    # with a deadline each round gives every arm its share of CHUNK, so a
+                    # time-bounded campaign keeps the plan's proportions
+                    n = arm.examples if deadline is None else min(
+                        arm.examples, max(1, round(CHUNK * arm.examples / largest)))
                     self._pos = [rounds, ai, 0]
                     self._run_arm(arm, n, rounds)
                 if deadline is None:
