@@ -43,7 +43,7 @@ same call twice gives one file, under the name schema 1 gave it (intent and othe
 are information and do not count). Files are written atomically (a temporary file in
 the same folder, then ``os.replace``; see :mod:`kda_fuzz.atomic`) and never above
 :data:`MAX_SAVED_BYTES` (:class:`CaseTooLarge`). Folders are walked for ``**/*.json``,
-skipping hidden entries (``.inflight/``, temporary files).
+skipping hidden entries (temporary files, other tools' folders).
 
 Loading never imports, unpickles or evaluates anything named by the file: dtypes,
 devices, kinds, encodings and contract families are looked up in fixed tables, and every
@@ -788,8 +788,8 @@ def passed(outcome: Outcome) -> bool:
 def corpus_files(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
     """The files named, and every ``**/*.json`` under the folders named (sorted, unique).
 
-    Below a folder, hidden entries (a name starting with ``.``: temporary files, the
-    fuzzer's ``.inflight`` folder) are skipped, as pytest skips them. Raises
+    Below a folder, hidden entries (a name starting with ``.``: temporary files, hidden
+    folders) are skipped, as pytest skips them. Raises
     ``FileNotFoundError`` for a path that does not exist.
     """
     found: list[Path] = []

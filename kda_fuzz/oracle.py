@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -39,11 +39,6 @@ OUT_OF_MEMORY = "not judged: out of device memory"
 class EnvironmentFailure(Exception):
     """The machinery that runs a target failed, not the target (an interpreter that cannot
     execute a kernel on this device, a device that is gone): never a verdict."""
-
-
-@contextlib.contextmanager
-def _no_guard() -> Iterator[None]:
-    yield
 
 
 def _environment_cause(error: BaseException, case: Case) -> str | None:
@@ -152,7 +147,7 @@ def run_case(contract: Contract, case: Case, target: Callable[..., Any], *,
         return Outcome("skip", exp, note=OUT_OF_MEMORY)
     error: BaseException | None = None
     result: Any = None
-    with (guard or _no_guard)():
+    with (guard or contextlib.nullcontext)():
         try:
             result = target(*call_args(contract, kwargs))
         except Exception as e:  # the oracle judges every exception type

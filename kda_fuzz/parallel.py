@@ -40,7 +40,6 @@ from typing import Any
 from .oracle import EnvironmentFailure
 from .process import exit_with_parent, how_it_ended
 from .runner import (
-    HARD_KINDS,
     HARD_REPEATS,
     Campaign,
     CampaignOptions,
@@ -485,5 +484,5 @@ def minimize_failures(contract: Any, failures: list[Failure], *, device: str,
             fut.result()
 
 
-__all__ = ["HARD_KINDS", "JobError", "Supervisor", "auto_jobs", "claim_device", "device_for",
+__all__ = ["JobError", "Supervisor", "auto_jobs", "claim_device", "device_for",
            "minimize_failures"]

@@ -639,15 +639,13 @@ HARD_REPEATS = 5  # the same crash or hang this many times more ends a job's cam
 
 
 def campaign(contract: Contract, variant: str, targets: list[Target], *,
-             minimize: Minimizer | None = None, shrink_seconds: float = 60.0,
+             minimize: Minimizer | None = None,
              peers: list[Target] | None = None,
              on_example: Callable[[Report], None] | None = None,
              stop: Callable[[], bool] | None = None, **options: Any) -> Report:
     """Run a campaign in this process (targets called directly) and minimize each distinct
     failure with ``minimize``; ``options`` are :class:`CampaignOptions` fields. Stops at
     the first distinct failure unless ``max_failures`` says otherwise."""
-    options.pop("isolate", None)
-    options.pop("timeout", None)
     c = Campaign(contract, variant, targets, peers=peers, options=CampaignOptions(**options),
                  on_example=on_example, stop=stop)
     report = c.run()

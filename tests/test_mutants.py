@@ -18,7 +18,7 @@ def _variant(name: str) -> str:
 @pytest.mark.parametrize("name", sorted(mutants.MUTANTS))
 def test_campaign_finds_planted_bug(name: str) -> None:
     report = campaign(KDA, _variant(name), [Target(name, mutants.MUTANTS[name])],
-                      max_examples=500, seed=1, shrink_seconds=10)
+                      max_examples=500, seed=1)
     assert report.failures, f"{name} not found in {report.examples} examples"
     kind = report.failures[0].verdict.kind
     assert kind == ("mismatch" if name in mutants.NUMERIC_BUGS else "contract"), (
