@@ -98,8 +98,10 @@ def _failures(report: Any) -> str:
         return "<p>No failure in this campaign.</p>"
     parts = []
     for i, f in enumerate(report.failures, 1):
+        seen = getattr(f, "count", 1)
         items = [f"<h3>{i}. {_e(f.verdict.kind)}: {_e(f.verdict.what)} "
-                 f"<span class='muted'>on {_e(f.target)}</span></h3>",
+                 f"<span class='muted'>on {_e(f.target)}"
+                 + (f", seen in {seen} examples" if seen > 1 else "") + "</span></h3>",
                  f"<pre>{_e(f.verdict.summary())}</pre>",
                  f"<p><b>Layout</b></p><pre>{_e(layout_of(f.case))}</pre>"]
         if f.saved:
@@ -107,6 +109,8 @@ def _failures(report: Any) -> str:
             items.append("<p><b>Reproduce</b></p><pre>" + _e(
                 f"kda-fuzz replay --target {f.target} --contract {report.variant} {f.saved}")
                 + "</pre>")
+        elif getattr(f, "note", ""):
+            items.append(f"<p class='warn'>{_e(f.note)}</p>")
         else:
             items.append("<p class='warn'>Not saved (campaign run with --no-save).</p>")
         parts.append(f"<div class='failure'>{''.join(items)}</div>")

@@ -111,3 +111,15 @@ def test_parallel_jobs_survive_an_aborting_target_and_save_it(tmp_path: Path) ->
     assert {d["kind"] for d in summary["failure_details"]} == {"crash"}
     saved = sorted(p.name for p in tmp_path.glob("crash-*.json"))
     assert saved and len(saved) == len(summary["saved"])
+
+
+def test_report_writes_one_self_contained_html_file(tmp_path: Path) -> None:
+    r = _run("fuzz", "--target", "tests.mutants:pad_wrap", "--contract", "triton",
+             "--max-examples", "100", "--seed", "1", "--no-save", "--report",
+             str(tmp_path / "rep"), cwd=tmp_path)
+    assert r.returncode == 1, r.stderr
+    [page] = (tmp_path / "rep").glob("*.html")
+    html = page.read_text()
+    assert "padding-row-not-zero" in html and "Error budget" in html
+    assert html.count("data:image/png;base64,") >= 3  # checks, error budget, throughput
+    assert "http://" not in html and "https://" not in html and "<script" not in html
