@@ -11,7 +11,7 @@ import random
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -469,6 +469,13 @@ class Campaign:
         self._deadline = deadline
         arms = self.arms()
         largest = max((a.examples for a in arms), default=1)
+        with _global_constants_only():
+            self._run_rounds(arms, largest, deadline)
+        self.recorder.progress(END)
+        self.report.seconds = time.monotonic() - t0
+        return self.report
+
+    def _run_rounds(self, arms: list[Arm], largest: int, deadline: float | None) -> None:
         try:
             rounds = 0
             while True:
@@ -490,9 +497,6 @@ class Campaign:
             pass
         except _Halt as h:
             raise h.error from None
-        self.recorder.progress(END)
-        self.report.seconds = time.monotonic() - t0
-        return self.report
 
     def _run_arm(self, arm: Arm, n: int, rounds: int) -> None:
         test = settings(
@@ -636,6 +640,31 @@ class Campaign:
 
 
 HARD_REPEATS = 5  # the same crash or hang this many times more ends a job's campaign
+
+
+@contextlib.contextmanager
+def _global_constants_only() -> Iterator[None]:
+    """Now and then Hypothesis draws a constant found in the (non-library) modules loaded
+    in the process, and which modules are loaded differs between processes (a kernel
+    imported on its first call, a test run before): the same seed would then draw
+    different cases, and a restarted job would not resume where it stood. Campaigns draw
+    from Hypothesis' global constants only (its internals; a no-op where they differ)."""
+    try:
+        from hypothesis.internal.conjecture import providers
+
+        original = providers._get_local_constants
+        empty = providers.Constants()
+        cache = providers.CONSTANTS_CACHE.cache
+    except (ImportError, AttributeError):
+        yield
+        return
+    providers._get_local_constants = lambda: empty
+    cache.clear()
+    try:
+        yield
+    finally:
+        providers._get_local_constants = original
+        cache.clear()
 
 
 def campaign(contract: Contract, variant: str, targets: list[Target], *,

@@ -38,11 +38,11 @@ def test_buggy_target_exits_1_and_saves_into_corpus_found(tmp_path: Path) -> Non
              "--max-examples", "300", "--seed", "1", "--json", cwd=tmp_path)
     assert r.returncode == 1, r.stderr
     summary = json.loads(r.stdout.strip().splitlines()[-1])
-    # the campaign keeps going: the wrapped padding row shows as two distinct failures
-    # (the padding row's output, the wrapped-to slot), each saved once, repeats counted
+    # the campaign keeps going: the wrapped padding row shows as distinct failures (the
+    # padding row's output, the wrapped-to slot, ...), each saved once, repeats counted
     whats = {d["what"]: d["count"] for d in summary["failure_details"]}
-    assert set(whats) == {"padding-row-not-zero", "untouched-state-written"}
-    assert summary["failures"] == 2 and whats["padding-row-not-zero"] > 1
+    assert {"padding-row-not-zero", "untouched-state-written"} <= set(whats)
+    assert summary["failures"] == len(whats) and whats["padding-row-not-zero"] > 1
     assert {d["kind"] for d in summary["failure_details"]} == {"mismatch"}
     saved = sorted((tmp_path / "corpus" / "found").glob("mismatch-*.json"))
     assert sorted(str(p.relative_to(tmp_path)) for p in saved) == sorted(summary["saved"])
