@@ -55,7 +55,7 @@ def flaky_padding(*args):
 
 
 def aborts_on_wide_batches(*args):
-    """Correct, except that a valid batch of exactly 7 rows aborts the process (rare)."""
-    if args[0].dim() == 2 and args[0].shape[0] == 7 and args[7].dim() == 4:
+    """Correct, except that a batch of exactly 12 rows aborts the process (rare)."""
+    if args[0].dim() == 2 and args[0].shape[0] == 12 and args[7].dim() == 4:
         os.abort()
     return reference_kda_packed_decode(*args)

@@ -61,8 +61,9 @@ def test_a_crash_costs_one_restart_and_the_campaign_covers_the_same_examples() -
     assert [f.verdict.kind for f in crashing.failures] == ["crash"]
     crash = crashing.failures[0]
     assert "SIGABRT" in crash.verdict.detail
-    # the recorded case is the one that was launched: 7 rows, and it still aborts
-    assert crash.case.tensors["mixed_qkv"].shape[0] == 7
+    # the recorded case is the one that was launched: 12 rows
+    assert crash.case.tensors["mixed_qkv"].shape[0] == 12
+    assert crash.count >= 2  # each further abort was one more restart, counted
     assert any("restart" in n for n in crashing.notes)
 
 
