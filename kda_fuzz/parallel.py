@@ -312,18 +312,13 @@ class Supervisor:
                 if s.proc.is_alive():
                     s.proc.kill()
                     s.proc.join(timeout=5)
-        self.report.examples = 0
-        totals = Report(self.contract, self.variant, [])
         for s in self.states:
-            if s.snapshot is not None:
-                totals.add_counters(s.snapshot[1])
             if s.summary.get("stopped") and s.summary["stopped"] != "stopped":
                 self.report.notes.append(f"job {s.spec.index}: {s.summary['stopped']}")
-        for name in Report.COUNTERS:
-            setattr(self.report, name, getattr(totals, name))
-        for attr in ("checks_hit", "validation_gaps", "wording"):
-            setattr(self.report, attr, getattr(totals, attr))
-        self.report.wording_samples = totals.wording_samples
+        report = self._progress()
+        report.seed, report.notes, report.history = (self.report.seed, self.report.notes,
+                                                     self.report.history)
+        self.report = report
         if self.restarts:
             self.report.notes.append(f"{self.restarts} job restart(s) after a crash or hang")
         self.report.seconds = time.monotonic() - t0
@@ -352,6 +347,7 @@ class Supervisor:
             self.on_example(self._progress())
 
     def _progress(self) -> Report:
+        """Every job's latest counts added up, with the failures kept so far."""
         merged = Report(self.contract, self.variant, self.report.targets)
         for s in self.states:
             if s.snapshot is not None:

@@ -37,7 +37,8 @@ def _counts(report) -> tuple:
 def test_jobs_run_the_plan_of_one_campaign() -> None:
     """Two jobs run exactly the examples that one in-process campaign of the same plan and
     seed runs, valid and broken, and the merged report adds them up."""
-    options = dict(max_examples=120, seed=5, budget=1 << 12)
+    options = dict(max_examples=120, seed=5, budget=1 << 12, scale_share=0.1,
+                   scale_budget=1 << 26)
     sup = Supervisor("kda", "triton", [REFERENCE], 2, options=CampaignOptions(**options))
     report = sup.run()
     assert not report.failures
@@ -45,6 +46,7 @@ def test_jobs_run_the_plan_of_one_campaign() -> None:
     assert report.examples == 120
     alone = campaign(KDA, "triton", [load_target(REFERENCE)], job=(0, 1), **options)
     assert report.valid_cases == alone.valid_cases
+    assert sum(report.judged.values()) > 0 and report.judged == alone.judged  # scale cases
     assert report.broken_cases + sum(report.validation_gaps.values()) == \
         alone.broken_cases + sum(alone.validation_gaps.values())
 
