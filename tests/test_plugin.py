@@ -36,9 +36,10 @@ PROBE = """
     def test_my_gpu_marked_test_runs():
         pass
 """
+# Explicit health checks: Hypothesis' own "ci" profile (loaded when $CI is set) suppresses one.
 CONFTEST = """
     from hypothesis import settings
-    settings.register_profile("mine", max_examples=7)
+    settings.register_profile("mine", max_examples=7, suppress_health_check=[])
     settings.load_profile("mine")
 """
 # A user's kernel with a planted bug, and its fixed twin.
