@@ -44,7 +44,7 @@ def main() -> None:
     ap.add_argument("--cases", type=int, default=2000)
     ap.add_argument("--variant", default="helion")
     ap.add_argument("--target",
-                    default="kernels.kda_decode:helion_fused_recurrent_kda_packed_decode")
+                    default="kda_fuzz_kernels.kda_decode:helion_fused_recurrent_kda_packed_decode")
     ap.add_argument("--seconds", type=float, default=5.0)
     args = ap.parse_args()
     torch.set_num_threads(1)

@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels.kda_decode import (
+from kda_fuzz_kernels.kda_decode import (
     fused_recurrent_kda_packed_decode,
     helion_fused_recurrent_kda_packed_decode,
     kda_packed_decode,

@@ -96,7 +96,7 @@ def run_cli(mode: str, target: str, variant: str, seconds: float, seed: int, job
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--target",
-                    default="kernels.kda_decode:helion_fused_recurrent_kda_packed_decode")
+                    default="kda_fuzz_kernels.kda_decode:helion_fused_recurrent_kda_packed_decode")
     ap.add_argument("--contract", default="helion")
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--naive-seconds", type=float, default=15.0)

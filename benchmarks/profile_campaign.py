@@ -16,7 +16,7 @@ from kda_fuzz.runner import campaign, load_target
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--target",
-                    default="kernels.kda_decode:helion_fused_recurrent_kda_packed_decode")
+                    default="kda_fuzz_kernels.kda_decode:helion_fused_recurrent_kda_packed_decode")
     ap.add_argument("--contract", default="helion")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--seconds", type=float, default=20.0)

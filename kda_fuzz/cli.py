@@ -113,7 +113,7 @@ def _prepare_device(device: str) -> None:
     if device != "cpu" and m is None:
         raise UsageError(f"--device must be cpu or cuda[:N], not {device!r}")
     if m is None:
-        from kernels.kda_decode import _execution
+        from kda_fuzz_kernels.kda_decode import _execution
 
         _execution.configure_cpu()
         return

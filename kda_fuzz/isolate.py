@@ -34,7 +34,7 @@ def _worker(conn: Connection, family: str, target: str, device: str,
     faulthandler.disable()  # a target's abort is reported by the parent, not dumped here
     exit_with_parent()
     if device == "cpu":
-        from kernels.kda_decode import _execution
+        from kda_fuzz_kernels.kda_decode import _execution
 
         _execution.configure_cpu()
     from .contracts import get_contract

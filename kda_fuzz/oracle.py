@@ -46,7 +46,7 @@ def _environment_cause(error: BaseException, case: Case) -> str | None:
     if any(t.device.type == "cuda" for t in case.tensors.values()):
         return None
     try:
-        from kernels.kda_decode._execution import environment_error
+        from kda_fuzz_kernels.kda_decode._execution import environment_error
     except ImportError:
         return None
     return environment_error(error)

@@ -174,7 +174,7 @@ def _run_job(job: Job, conn: Any, stop: Any, record: Any) -> None:
         gpus = torch.cuda.device_count() if job.device == "cuda" else 1
         device = claim_device(job.device, job.index, -(-job.jobs // max(1, gpus)))
         if not device.startswith("cuda"):
-            from kernels.kda_decode import _execution
+            from kda_fuzz_kernels.kda_decode import _execution
 
             _execution.configure_cpu()
         # the jobs share the host's cores: no job's torch ops may spread over all of them

@@ -143,7 +143,7 @@ def pytest_configure(config: pytest.Config) -> None:
     _hypothesis_profiles(st.config)
     if kda_device(config).startswith("cuda"):
         return
-    from kernels.kda_decode import _execution
+    from kda_fuzz_kernels.kda_decode import _execution
 
     _execution.configure_cpu()
 

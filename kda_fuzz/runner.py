@@ -48,7 +48,9 @@ def load_target(spec: str) -> Target:
     try:
         mod = importlib.import_module(module)
     except Exception as e:
-        raise TargetError(f"cannot import {module!r}: {type(e).__name__}: {e}") from e
+        hint = (" (kda-fuzz's own kernels are the package 'kda_fuzz_kernels' now)"
+                if module.split(".")[0] == "kernels" else "")
+        raise TargetError(f"cannot import {module!r}: {type(e).__name__}: {e}{hint}") from e
     fn: Any = mod
     for part in attr.split("."):
         fn = getattr(fn, part, None)

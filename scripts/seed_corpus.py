@@ -37,7 +37,7 @@ from kda_fuzz.runner import default_targets  # noqa: E402
 from kda_fuzz.verdict import Verdict  # noqa: E402
 
 KDA = get_contract("kda")
-REFERENCE = "kernels.kda_decode:reference_kda_packed_decode"
+REFERENCE = "kda_fuzz_kernels.kda_decode:reference_kda_packed_decode"
 MINIMIZE_SECONDS = 120.0
 
 
@@ -114,7 +114,7 @@ def unmasked_gate_read(mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor
     """flash-linear-attention #1134 in torch: the gate is loaded for next_pow2(K) lanes with
     no mask. Lanes past K are masked to 0 in the state, but 0 * exp(NaN) is NaN, so a NaN
     read past the end of ``dt_bias`` poisons that head's output and state."""
-    from kernels.kda_decode import reference_kda_packed_decode
+    from kda_fuzz_kernels.kda_decode import reference_kda_packed_decode
 
     reference_kda_packed_decode(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out,
                                 ssm_state_indices, use_qk_l2norm_in_kernel, lower_bound)
@@ -312,7 +312,7 @@ def _fails(case: Case, fn: Callable[..., Any]) -> Verdict | None:
 
 def make_seed(seed: Seed, out: Path, check_kernels: bool) -> tuple[Path, list[str]]:
     """Build, minimize, verify and save one seed; the path and any warnings."""
-    from kernels.kda_decode import reference_kda_packed_decode
+    from kda_fuzz_kernels.kda_decode import reference_kda_packed_decode
 
     warnings: list[str] = []
     case = seed.build()
@@ -359,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-kernels", action="store_true",
                         help="do not replay the seeds on the project's kernels")
     args = parser.parse_args(argv)
-    from kernels.kda_decode import configure_cpu
+    from kda_fuzz_kernels.kda_decode import configure_cpu
 
     configure_cpu()
     out = Path(args.out)

@@ -27,7 +27,7 @@ def grid_y_rows_heads(*args):
     """Correct (the torch reference), but first launches a kernel with one program per row
     and value head on grid axis y, as real kernels of this contract did: past 65,535 the
     launch fails ("invalid argument"), a grid-limit fault only GPU-scale layouts reach."""
-    from kernels.kda_decode import reference_kda_packed_decode
+    from kda_fuzz_kernels.kda_decode import reference_kda_packed_decode
 
     out = args[7]
     if out.dim() == 4 and out.numel():

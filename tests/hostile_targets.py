@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 
-from kernels.kda_decode import reference_kda_packed_decode
+from kda_fuzz_kernels.kda_decode import reference_kda_packed_decode
 
 
 def aborts_on_padding(*args):
@@ -34,7 +34,7 @@ def three_arguments(mixed_qkv, a, b):
 def interpreter_gap(*args):
     """Fails in the execution machinery (as an interpreter without a libdevice function
     does), not in its own code."""
-    from kernels.kda_decode._execution import ExecutionEnvironmentError
+    from kda_fuzz_kernels.kda_decode._execution import ExecutionEnvironmentError
 
     if bool((args[8] >= 0).any()):
         raise ExecutionEnvironmentError("libdevice.erfcx has no CPU implementation")

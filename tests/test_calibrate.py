@@ -24,4 +24,5 @@ def test_an_interpreted_kernel_gets_sizes_that_fit_the_time() -> None:
 
 
 def test_vectorised_code_keeps_the_default_sizes() -> None:
-    assert calibrate(KDA, "triton", "kernels.kda_decode:reference_kda_packed_decode") is None
+    reference = "kda_fuzz_kernels.kda_decode:reference_kda_packed_decode"
+    assert calibrate(KDA, "triton", reference) is None

@@ -16,14 +16,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import pytest
-import torch
-
 # The in-process pytester sessions below replay corpus files on these kernels. Pytester
 # drops the modules a session imports when the test ends, and triton's C extension cannot
 # be imported twice: importing them now, before any pytester fixture, keeps them loaded.
-import kernels.kda_decode.helion_kernel
-import kernels.kda_decode.triton_kernel  # noqa: F401
+import kda_fuzz_kernels.kda_decode.helion_kernel
+import kda_fuzz_kernels.kda_decode.triton_kernel  # noqa: F401
+import pytest
+import torch
+
 from kda_fuzz import corpus
 from kda_fuzz.case import Case, TensorArg
 from kda_fuzz.cli import main as cli_main
@@ -46,7 +46,7 @@ from kda_fuzz.verdict import Verdict
 pytest_plugins = ["pytester"]
 
 KDA = get_contract("kda")
-REFERENCE = "kernels.kda_decode:reference_kda_packed_decode"
+REFERENCE = "kda_fuzz_kernels.kda_decode:reference_kda_packed_decode"
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -466,7 +466,7 @@ def test_minimize_shrinks_a_failing_batch_and_keeps_the_failure() -> None:
     assert small.tensors["mixed_qkv"].dtype == torch.float32
     assert small.scalars["use_qk_l2norm_in_kernel"] is False
     assert small.notes["minimized"] and "original_layout" in small.notes
-    from kernels.kda_decode import reference_kda_packed_decode
+    from kda_fuzz_kernels.kda_decode import reference_kda_packed_decode
 
     assert run_case(KDA, small, reference_kda_packed_decode).status == "pass"
 
@@ -512,7 +512,7 @@ def test_minimize_a_contract_failure_keeps_its_check() -> None:
 def test_minimize_returns_the_case_when_nothing_reproduces() -> None:
     case = _case(B=4)
     fake = Verdict("mismatch", "out-value", "never happens")
-    from kernels.kda_decode import reference_kda_packed_decode
+    from kda_fuzz_kernels.kda_decode import reference_kda_packed_decode
 
     assert minimize(KDA, case, reference_kda_packed_decode, fake, seconds=5) is case
 
@@ -520,7 +520,7 @@ def test_minimize_returns_the_case_when_nothing_reproduces() -> None:
 def _grid_target(limit: int) -> Callable[..., Any]:
     """A target whose launch grid has ``B * HV`` blocks on an axis holding ``limit - 1``:
     it raises as CUDA does (``invalid argument``) from ``limit`` on, else it is correct."""
-    from kernels.kda_decode import reference_kda_packed_decode
+    from kda_fuzz_kernels.kda_decode import reference_kda_packed_decode
 
     def decode(*args: Any) -> Any:
         b = args[2]
@@ -533,7 +533,7 @@ def _grid_target(limit: int) -> Callable[..., Any]:
 
 def _only_with(test: Callable[[torch.Tensor], bool]) -> Callable[..., Any]:
     """A target that raises when ``test(initial_state)`` holds, else is correct."""
-    from kernels.kda_decode import reference_kda_packed_decode
+    from kda_fuzz_kernels.kda_decode import reference_kda_packed_decode
 
     def decode(*args: Any) -> Any:
         if test(args[6]):
@@ -585,9 +585,10 @@ def test_minimize_channel_counts_follow_the_variant(variant: str, V: int) -> Non
 
 
 def test_trading_rows_for_heads_keeps_every_row_heads_numbers() -> None:
+    from kda_fuzz_kernels.kda_decode import reference_kda_packed_decode
+
     from kda_fuzz.minimize import _merge_rows, _sizes, _split_heads
     from kda_fuzz.oracle import call_args
-    from kernels.kda_decode import reference_kda_packed_decode
 
     def outputs(c: Case) -> tuple[torch.Tensor, torch.Tensor]:
         kwargs, _ = c.materialize()
@@ -663,7 +664,7 @@ def test_pytest_collects_corpus_files(pytester: pytest.Pytester, tmp_path: Path)
 
     # a buggy target: the failure names the file and the verdict
     pytester.makepyfile(buggy="""
-        from kernels.kda_decode import reference_kda_packed_decode
+        from kda_fuzz_kernels.kda_decode import reference_kda_packed_decode
 
         def decode(*args):
             out, state = reference_kda_packed_decode(*args)
@@ -750,7 +751,7 @@ def test_fuzz_saves_a_minimized_failure_that_replays(
 
 
 def test_seed_corpus_passes_on_the_reference_and_fails_on_its_mutants() -> None:
-    from kernels.kda_decode import reference_kda_packed_decode
+    from kda_fuzz_kernels.kda_decode import reference_kda_packed_decode
 
     files = sorted((ROOT / "corpus" / "seed").glob("*.json"))
     assert len(files) >= 8

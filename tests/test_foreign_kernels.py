@@ -3,7 +3,7 @@ and the classification of CPU failures into environment errors vs. the kernel's 
 
 The foreign kernels are called exactly as the oracle calls a target (``target(*args)``,
 no help from the project), in the default CPU mode, after ``configure_cpu()`` (which
-``kernels.kda_decode`` runs at import). Numerics use ``check_kernel`` of ``test_kernels``
+``kda_fuzz_kernels.kda_decode`` runs at import). Numerics use ``check_kernel`` of ``test_kernels``
 (float64 reference, same tolerances and semantic checks).
 """
 
@@ -20,11 +20,11 @@ import torch
 import triton
 import triton.language as tl
 from helion.runtime.ref_mode import RefMode
+from kda_fuzz_kernels.kda_decode import _execution
+from kda_fuzz_kernels.kda_decode._execution import ExecutionEnvironmentError, environment_error
 from triton.language.extra import libdevice
 from triton.language.extra.libdevice import j0, log1p
 
-from kernels.kda_decode import _execution
-from kernels.kda_decode._execution import ExecutionEnvironmentError, environment_error
 from tests.foreign import helion_full_slice, helion_scalar_index, triton_row_program
 from tests.test_kernels import F32, Shape, check_kernel, make_case
 

@@ -64,7 +64,7 @@ def test_out_of_bounds_kernel_is_a_crash_not_the_end(kda_device_name: str) -> No
                         device=kda_device_name) as iso:
         out = iso.run(case)
         assert out.verdict is not None and out.verdict.kind == "crash", out
-    with IsolatedTarget(KDA, "kernels.kda_decode:fused_recurrent_kda_packed_decode",
+    with IsolatedTarget(KDA, "kda_fuzz_kernels.kda_decode:fused_recurrent_kda_packed_decode",
                         timeout=120, device=kda_device_name) as iso:
         assert iso.run(case).status == "pass"
 
@@ -84,7 +84,8 @@ def test_no_false_timeout_after_the_parent_used_torch_threads() -> None:
                   state_dtype=torch.bfloat16, seed=3)
     case = build(p, "helion")
     t = time.monotonic()
-    with IsolatedTarget(KDA, "kernels.kda_decode:reference_kda_packed_decode", timeout=30) as iso:
+    reference = "kda_fuzz_kernels.kda_decode:reference_kda_packed_decode"
+    with IsolatedTarget(KDA, reference, timeout=30) as iso:
         outcome = iso.run(case)
     assert outcome.status in ("pass", "skip"), outcome.verdict
     assert time.monotonic() - t < 30
@@ -101,5 +102,5 @@ def test_a_still_crashing_corpus_entry_fails_alone(tmp_path: Path) -> None:
                                      [load_target("tests.hostile_targets:aborts_on_padding")])
     assert outcome.verdict is not None and outcome.verdict.kind == "crash"
     [(_, fine)] = replay_entry(KDA, padded, "crash",
-                               [load_target("kernels.kda_decode:reference_kda_packed_decode")])
+                               [load_target("kda_fuzz_kernels.kda_decode:reference_kda_packed_decode")])
     assert fine.status == "pass"

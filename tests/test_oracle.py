@@ -6,12 +6,12 @@ import pytest
 import torch
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
+from kda_fuzz_kernels.kda_decode import reference_kda_packed_decode
 
 from kda_fuzz.case import Case, TensorArg
 from kda_fuzz.contracts import get_contract
 from kda_fuzz.contracts.kda_layouts import KdaLayout, Values, breakages, build
 from kda_fuzz.oracle import expectation, run_case
-from kernels.kda_decode import reference_kda_packed_decode
 from tests import mutants
 
 KDA = get_contract("kda")
@@ -243,7 +243,7 @@ def test_a_scale_subnormal_in_float32_is_within_tolerance() -> None:
     """A float64 scale of 5.6e-44 is a float32 subnormal (40 times 2^-149): a float32
     kernel's result differs from the float64 reference by that rounding, not by a bug.
     Found by the CI fuzz test of the Triton kernel."""
-    from kernels.kda_decode import fused_recurrent_kda_packed_decode
+    from kda_fuzz_kernels.kda_decode import fused_recurrent_kda_packed_decode
 
     p = KdaLayout(B=1, H=1, HV=1, K=1, V=1, scale=5.578987510632595e-44,
                   values=Values(state_scale=10.0), seed=0)

@@ -15,7 +15,7 @@ from kda_fuzz.corpus import save_case
 
 pytest_plugins = ["pytester"]
 
-REFERENCE = "kernels.kda_decode:reference_kda_packed_decode"
+REFERENCE = "kda_fuzz_kernels.kda_decode:reference_kda_packed_decode"
 
 # A project's own test module: it checks that the plugin left its session alone.
 PROBE = """

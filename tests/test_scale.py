@@ -143,7 +143,7 @@ def test_cpu_build_names_the_top_slot_and_keeps_guards() -> None:
 def _run(case, mutate=None, **kw):
     """Run the reference kernel on ``case`` like ``run_case``, ``mutate`` the result, and
     judge it with the sampled judge (``kw``: thresholds)."""
-    from kernels.kda_decode import reference_kda_packed_decode
+    from kda_fuzz_kernels.kda_decode import reference_kda_packed_decode
 
     kwargs, bases = case.materialize()
     before = {n: b.clone() for n, b in bases.items()}
@@ -168,7 +168,7 @@ def test_sampled_judge_passes_a_correct_kernel_and_says_how_it_judged(small) -> 
     assert _run(small) is None
     assert small.notes["judged_mode"] == "full"
     # and through the contract's own judge, with the target's call
-    from kernels.kda_decode import reference_kda_packed_decode
+    from kda_fuzz_kernels.kda_decode import reference_kda_packed_decode
 
     assert run_case(KDA, small, reference_kda_packed_decode).status == "pass"
 

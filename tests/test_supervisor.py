@@ -11,7 +11,7 @@ from kda_fuzz.parallel import Supervisor
 from kda_fuzz.runner import CampaignOptions, Target, campaign, deal, load_target, plan
 
 KDA = get_contract("kda")
-REFERENCE = "kernels.kda_decode:reference_kda_packed_decode"
+REFERENCE = "kda_fuzz_kernels.kda_decode:reference_kda_packed_decode"
 
 
 def test_deal_gives_every_arm_to_exactly_one_job() -> None:

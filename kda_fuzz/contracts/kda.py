@@ -144,7 +144,7 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 def reference64(args: dict[str, Any]) -> dict[str, torch.Tensor]:
     """Float64 result and per-element error bounds for the rows with ``idx >= 0``."""
-    from kernels.kda_decode.reference import decode_terms
+    from kda_fuzz_kernels.kda_decode.reference import decode_terms
 
     state, out = args["initial_state"], args["out"]
     f64 = torch.float64
@@ -433,11 +433,11 @@ CONTRACT = Contract(
     doc=__doc__ or "",
     extras={
         "default_targets": {
-            "helion": ("kernels.kda_decode:helion_fused_recurrent_kda_packed_decode",),
-            "triton": ("kernels.kda_decode:fused_recurrent_kda_packed_decode",
-                       "kernels.kda_decode:kda_packed_decode"),
+            "helion": ("kda_fuzz_kernels.kda_decode:helion_fused_recurrent_kda_packed_decode",),
+            "triton": ("kda_fuzz_kernels.kda_decode:fused_recurrent_kda_packed_decode",
+                       "kda_fuzz_kernels.kda_decode:kda_packed_decode"),
         },
-        "reference_target": "kernels.kda_decode:reference_kda_packed_decode",
+        "reference_target": "kda_fuzz_kernels.kda_decode:reference_kda_packed_decode",
         "summarize": layout_summary,  # a case's sizes, dtypes and strides in one line
         "judge_budget": True,
         # the GPU-scale stratum: (variant, device, budget_bytes) -> strategy or None

@@ -7,8 +7,7 @@ from __future__ import annotations
 import helion
 import helion.language as hl
 import torch
-
-from kernels.kda_decode import validate_packed_decode_inputs
+from kda_fuzz_kernels.kda_decode import validate_packed_decode_inputs
 
 
 @helion.kernel(static_shapes=True, autotune_effort="none")
