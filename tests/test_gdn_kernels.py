@@ -204,6 +204,18 @@ def test_gqa_ratios_and_gates_per_value_head(kernel: Kernel) -> None:
         check_kernel(kernel, make_case(Shape(2, H, 4, 8, 8, 3, (2, 0)), seed=H), l2norm=True)
 
 
+def test_helion_int64_index_twin(helion_mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The 64-bit-index kernel (picked for views past 2^31 elements) computes the same."""
+    from kernels.gdn_decode import helion_kernel
+
+    monkeypatch.setattr(helion_kernel, "INT32_REACH", 0)
+    launched = []
+    monkeypatch.setattr(helion_kernel, "run_helion",
+                        lambda k, args: launched.append(k) or _execution.run_helion(k, args))
+    check_kernel(HELION, make_case(HELION_CASES[0][0]), l2norm=True)
+    assert launched == [helion_kernel.gdn_packed_decode_kernel_i64]
+
+
 @pytest.mark.parametrize("kernel", [TRITON, HELION], ids=["triton", "helion"])
 def test_empty_batch_is_a_noop(kernel: Kernel) -> None:
     case = make_case(Shape(0, 2, 4, 8, 8, 3, ()))
