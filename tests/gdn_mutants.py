@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from kernels.gdn_decode.validate import validate_gdn_packed_decode_inputs
+from kda_fuzz_kernels.gdn_decode.validate import validate_gdn_packed_decode_inputs
 
 KDA_21_TAIL = (" KDA packed decode requires num_q_heads == num_k_heads and "
                "head_q_dim == head_k_dim.")

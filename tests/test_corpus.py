@@ -16,14 +16,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
+import torch
+
 # The in-process pytester sessions below replay corpus files on these kernels. Pytester
 # drops the modules a session imports when the test ends, and triton's C extension cannot
 # be imported twice: importing them now, before any pytester fixture, keeps them loaded.
 import kda_fuzz_kernels.kda_decode.helion_kernel
 import kda_fuzz_kernels.kda_decode.triton_kernel  # noqa: F401
-import pytest
-import torch
-
 from kda_fuzz import corpus
 from kda_fuzz.case import Case, TensorArg
 from kda_fuzz.cli import main as cli_main
@@ -585,10 +585,9 @@ def test_minimize_channel_counts_follow_the_variant(variant: str, V: int) -> Non
 
 
 def test_trading_rows_for_heads_keeps_every_row_heads_numbers() -> None:
-    from kda_fuzz_kernels.kda_decode import reference_kda_packed_decode
-
     from kda_fuzz.minimize import _merge_rows, _sizes, _split_heads
     from kda_fuzz.oracle import call_args
+    from kda_fuzz_kernels.kda_decode import reference_kda_packed_decode
 
     def outputs(c: Case) -> tuple[torch.Tensor, torch.Tensor]:
         kwargs, _ = c.materialize()

@@ -20,11 +20,11 @@ import torch
 import triton
 import triton.language as tl
 from helion.runtime.ref_mode import RefMode
-from kda_fuzz_kernels.kda_decode import _execution
-from kda_fuzz_kernels.kda_decode._execution import ExecutionEnvironmentError, environment_error
 from triton.language.extra import libdevice
 from triton.language.extra.libdevice import j0, log1p
 
+from kda_fuzz_kernels.kda_decode import _execution
+from kda_fuzz_kernels.kda_decode._execution import ExecutionEnvironmentError, environment_error
 from tests.foreign import helion_full_slice, helion_scalar_index, triton_row_program
 from tests.test_kernels import F32, Shape, check_kernel, make_case
 

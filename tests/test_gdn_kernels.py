@@ -21,14 +21,14 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from kernels.gdn_decode import (
+from kda_fuzz_kernels.gdn_decode import (
     fused_recurrent_gated_delta_rule_packed_decode,
     gdn_packed_decode,
     helion_fused_recurrent_gated_delta_rule_packed_decode,
     reference_gdn_packed_decode,
     validate_gdn_packed_decode_inputs,
 )
-from kernels.kda_decode import _execution
+from kda_fuzz_kernels.kda_decode import _execution
 from tests import gdn_mutants
 
 Kernel = Callable[..., tuple[torch.Tensor, torch.Tensor]]
@@ -206,7 +206,7 @@ def test_gqa_ratios_and_gates_per_value_head(kernel: Kernel) -> None:
 
 def test_helion_int64_index_twin(helion_mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The 64-bit-index kernel (picked for views past 2^31 elements) computes the same."""
-    from kernels.gdn_decode import helion_kernel
+    from kda_fuzz_kernels.gdn_decode import helion_kernel
 
     monkeypatch.setattr(helion_kernel, "INT32_REACH", 0)
     launched = []

@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+
 from kda_fuzz_kernels.kda_decode import (
     _execution,
     fused_recurrent_kda_packed_decode,

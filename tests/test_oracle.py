@@ -6,12 +6,12 @@ import pytest
 import torch
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
-from kda_fuzz_kernels.kda_decode import reference_kda_packed_decode
 
 from kda_fuzz.case import Case, TensorArg
 from kda_fuzz.contracts import get_contract
 from kda_fuzz.contracts.kda_layouts import KdaLayout, Values, breakages, build
 from kda_fuzz.oracle import expectation, run_case
+from kda_fuzz_kernels.kda_decode import reference_kda_packed_decode
 from tests import mutants
 
 KDA = get_contract("kda")

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kda_fuzz_kernels.kda_decode import reference_kda_packed_decode
 
 from kda_fuzz.case import Case
 from kda_fuzz.cli import main as cli_main
@@ -26,6 +25,7 @@ from kda_fuzz.oracle import run_case
 from kda_fuzz.progress import Progress, check_counts, print_summary
 from kda_fuzz.runner import Failure, Report
 from kda_fuzz.verdict import Verdict
+from kda_fuzz_kernels.kda_decode import reference_kda_packed_decode
 
 KDA = get_contract("kda")
 

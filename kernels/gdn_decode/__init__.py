@@ -1,9 +1,9 @@
 """Packed GDN (gated delta rule) decode: validation, torch reference, Helion and Triton
-kernels. The sibling of ``kernels.kda_decode`` (spec section 3, last paragraph).
+kernels. The sibling of ``kda_fuzz_kernels.kda_decode`` (spec section 3, last paragraph).
 
-CPU execution reuses the KDA package's machinery (``kernels.kda_decode._execution``,
+CPU execution reuses the KDA package's machinery (``kda_fuzz_kernels.kda_decode._execution``,
 selected by ``KDA_FUZZ_CPU_MODE``); ``configure_cpu()`` runs here, before any kernel
-module is imported, exactly as in ``kernels.kda_decode``.
+module is imported, exactly as in ``kda_fuzz_kernels.kda_decode``.
 """
 
 from importlib import import_module

@@ -64,7 +64,7 @@ def _gdn_packed_decode(
 
 
 # ref_mode explicit: HELION_INTERPRET / TRITON_INTERPRET in the environment never change
-# this kernel; how it runs on CPU is chosen by kernels.kda_decode._execution.
+# this kernel; how it runs on CPU is chosen by kda_fuzz_kernels.kda_decode._execution.
 _SETTINGS = dict(static_shapes=True, config=helion.Config(num_warps=2, num_stages=1),
                  ref_mode=RefMode.OFF)
 gdn_packed_decode_kernel = helion.kernel(**_SETTINGS)(_gdn_packed_decode)

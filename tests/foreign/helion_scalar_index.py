@@ -7,6 +7,7 @@ from __future__ import annotations
 import helion
 import helion.language as hl
 import torch
+
 from kda_fuzz_kernels.kda_decode import validate_packed_decode_inputs
 
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from kda_fuzz_kernels.kda_decode import validate_packed_decode_inputs
 from triton.language.extra import libdevice
+
+from kda_fuzz_kernels.kda_decode import validate_packed_decode_inputs
 
 
 @triton.jit
