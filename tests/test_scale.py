@@ -274,3 +274,57 @@ def test_project_kernels_pass_scale_cases(variant: str, case_name: str,
               f"{time.monotonic() - t1:.2f}s, peak {torch.cuda.max_memory_allocated() / 2**30:.2f}"
               f" GiB (estimated {case_cost(s) / 2**30:.2f} GiB)")
         assert out.status == "pass", out.verdict
+
+
+def _run_scale_draws(build, n: int = 3) -> list[object]:
+    """Draw ``n`` scale cases with ``build_scale`` replaced by ``build``."""
+    import kda_fuzz.contracts.kda_scale as scale
+
+    seen: list[object] = []
+    real = scale.build_scale
+
+    def on_cpu(s: ScaleLayout, variant: str, device: str):  # meta builds only measure
+        return real(s, variant, device) if device == "meta" else build(s, variant, device)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(scale, "build_scale", on_cpu)
+
+        @settings(max_examples=n, database=None, deadline=None,
+                  suppress_health_check=list(HealthCheck))
+        @given(scale.scale_cases("triton", "cpu", 64 * GiB))
+        def draw(case: object) -> None:
+            seen.append(case)
+
+        draw()
+    return seen
+
+
+def test_out_of_memory_falls_back_to_the_cheapest_case_of_all() -> None:
+    """A job whose share of memory is taken builds the cheapest case instead."""
+    fallback = cheapest("wide-batch")
+    tried: list[ScaleLayout] = []
+
+    def build(s: ScaleLayout, variant: str, device: str):
+        tried.append(s)
+        if s != fallback:
+            raise torch.OutOfMemoryError("pretend the share is taken")
+        return build_scale(replace(s, layout=_layout(B=3, HV=1, K=2, V=2)), variant, "meta")
+
+    cases = _run_scale_draws(build)
+    assert cases and all(c.notes["bytes"] > 0 for c in cases)
+    assert tried.count(fallback) == len(cases)  # every case ended at the fallback
+    assert any(s != fallback for s in tried)  # after the drawn case ran out of memory
+
+
+def test_out_of_memory_everywhere_draws_no_case(monkeypatch: pytest.MonkeyPatch) -> None:
+    """When not even the cheapest case fits, the draw is rejected (Hypothesis draws again)."""
+    from hypothesis.errors import UnsatisfiedAssumption
+
+    import kda_fuzz.contracts.kda_scale as scale
+
+    def build(s: ScaleLayout, variant: str, device: str):
+        raise torch.OutOfMemoryError("pretend nothing fits")
+
+    monkeypatch.setattr(scale, "build_scale", build)
+    with pytest.raises(UnsatisfiedAssumption):
+        scale.build_within_memory(cheapest("bhv"), "triton", "cpu")

@@ -237,27 +237,30 @@ def scale_cases(variant: str, device: str = "cpu", budget_bytes: int = 1 << 30
     when building it runs out of this job's share of memory (then no case at all)."""
     if not fitting_kinds(budget_bytes):
         return None
+    return scale_layouts(variant, budget_bytes).map(
+        lambda s: build_within_memory(s, variant, device))
 
-    def make(s: ScaleLayout) -> Case:
-        if torch.device(device).type == "cuda":
-            free = torch.cuda.mem_get_info(torch.device(device))[0]
+
+def build_within_memory(s: ScaleLayout, variant: str, device: str) -> Case:
+    """Build ``s``, or a cheaper case when it does not fit (see ``scale_cases``); reject
+    the draw when nothing does."""
+    if torch.device(device).type == "cuda":
+        free = torch.cuda.mem_get_info(torch.device(device))[0]
+        if case_cost(s) > 0.9 * free:
+            s = cheapest(s.kind)
             if case_cost(s) > 0.9 * free:
-                s = cheapest(s.kind)
-                if case_cost(s) > 0.9 * free:
-                    s = cheapest("wide-batch")
-        for attempt in (s, cheapest(s.kind), cheapest("wide-batch")):
-            try:
-                case = build_scale(attempt, variant, device)
-            except torch.OutOfMemoryError:  # this job's share is taken (by the last case?)
-                gc.collect()
-                torch.cuda.empty_cache()
-                continue
-            case.notes["bytes"] = case_bytes(attempt)
-            return case
-        reject()  # nothing fits now: Hypothesis draws another example
-        raise AssertionError("unreachable")
-
-    return scale_layouts(variant, budget_bytes).map(make)
+                s = cheapest("wide-batch")
+    for attempt in (s, cheapest(s.kind), cheapest("wide-batch")):
+        try:
+            case = build_scale(attempt, variant, device)
+        except torch.OutOfMemoryError:  # this job's share is taken (by the last case?)
+            gc.collect()
+            torch.cuda.empty_cache()
+            continue
+        case.notes["bytes"] = case_bytes(attempt)
+        return case
+    reject()  # nothing fits now: Hypothesis draws another example
+    raise AssertionError("unreachable")
 
 
 def device_budget(device: str, jobs: int = 1, share: float = 0.8) -> int:
