@@ -3,7 +3,7 @@
 A kernel run by an interpreter on the CPU (a Triton or Helion kernel under the Triton
 interpreter) costs milliseconds per program, one program per batch row and value head, so
 layouts sized for native code would take minutes each. Before a CPU campaign whose sizes
-were not given, the target runs probe layouts of the contract (``extras["probe"]``: one
+were not given, the target runs probe layouts of the contract (``Contract.probe``: one
 row, ``PROBE_ROWS`` rows, and ``PROBE_ROWS`` wider rows) in an isolated worker; the
 differences give its cost per row and head and per state element. A target that pays
 milliseconds per row and head (an interpreter running one program each) gets, from those, the
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .contract import Contract
+from .isolate import IsolatedTarget
 
 EXAMPLE_SECONDS = 0.5  # wall time a valid example may take on the CPU
 PROBE_ROWS, NARROW, WIDE = 8, 16, 64  # probe layouts: rows x (K = V = NARROW or WIDE)
@@ -49,11 +50,9 @@ def calibrate(contract: Contract, variant: str, target: str, *, timeout: float =
               default_budget: int = 1 << 18, default_bhv: int = 256 * 64) -> Sizing | None:
     """Measure ``target`` (``MODULE:CALLABLE``) on the CPU; ``None`` when the default sizes
     already fit the time, or when a probe does not pass (the campaign will say why)."""
-    probe = contract.extras.get("probe")
+    probe = contract.probe
     if probe is None:
         return None
-    from .isolate import IsolatedTarget
-
     small, rows = probe(1, NARROW, variant), probe(PROBE_ROWS, NARROW, variant)
     wide = probe(PROBE_ROWS, WIDE, variant)
     times = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -91,3 +92,16 @@ class Case:
             parts.append(f"{n}: {dt}{list(t.shape)} stride={t.stride} offset={t.offset}{dev}")
         parts += [f"{n}={v!r}" for n, v in self.scalars.items()]
         return "; ".join(parts)
+
+
+def fingerprint(case: Case) -> str:
+    """A content hash of a case: layouts, bytes and scalars."""
+    h = hashlib.sha256()
+    for name in sorted(case.tensors):
+        t = case.tensors[name]
+        h.update(f"{name}|{t.dtype}|{t.device.type}|{t.shape}|{t.stride}|{t.offset}|".encode())
+        if t.device.type != "meta":
+            h.update(t.base.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    h.update(repr(sorted(case.scalars.items())).encode())
+    h.update(case.variant.encode())
+    return h.hexdigest()

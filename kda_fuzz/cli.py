@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .contract import Sizing
 from .oracle import EnvironmentFailure
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
@@ -107,15 +108,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _prepare_device(device: str) -> None:
-    """Check ``device`` and set up kernel execution for it before kernels are imported."""
+def _prepare_device(device: str, contract: Any) -> None:
+    """Check ``device`` and set up the contract's kernel execution for it before kernels
+    are imported."""
     m = re.fullmatch(r"cuda(?::(\d+))?", device)
     if device != "cpu" and m is None:
         raise UsageError(f"--device must be cpu or cuda[:N], not {device!r}")
     if m is None:
-        from kda_fuzz_kernels.kda_decode import _execution
-
-        _execution.configure_cpu()
+        if contract.execution is not None:
+            contract.execution.configure_cpu()
         return
     import torch
 
@@ -197,7 +198,7 @@ def _fuzz(args: argparse.Namespace) -> int:
         raise UsageError("--timeout must be positive")
     if args.max_seconds is not None and args.max_seconds <= 0:
         raise UsageError("--max-seconds must be positive")
-    _prepare_device(args.device)
+    _prepare_device(args.device, contract)
     targets = _targets(args, contract)
     peers = _peers(args, contract)
     jobs = _jobs(args)
@@ -205,7 +206,7 @@ def _fuzz(args: argparse.Namespace) -> int:
         device=args.device, max_examples=args.max_examples, seed=args.seed,
         valid_share=args.valid_share, max_seconds=args.max_seconds,
         max_failures=args.max_failures, messages=args.messages, strict=args.strict,
-        history=bool(args.report), **_shaping(args))
+        history=bool(args.report), **_shaping(args, contract))
     report_notes = []
     if not args.device.startswith("cuda") and not (args.budget or args.max_b) \
             and not _own_kernels(targets, contract, args.contract):
@@ -281,30 +282,27 @@ def _save(report: Any, contract: Any, corpus: str, args: argparse.Namespace) -> 
               file=sys.stderr)
 
 
-# The project's kernels run under the Triton interpreter on CPU, at tens of ms per program
-# (row x head): keep their layouts small there unless told otherwise.
-INTERPRETED_BUDGET, INTERPRETED_MAX_B, INTERPRETED_MAX_BHV = 1 << 13, 64, 32
-
-
 def _own_kernels(targets: list[Any], contract: Any, variant: str) -> bool:
     """Whether ``targets`` are the contract's own kernels for ``variant``."""
-    own = contract.extras.get("default_targets", {}).get(variant, ())
+    own = contract.default_targets.get(variant, ())
     return bool(targets) and all(t.name in own for t in targets)
 
 
-def _shaping(args: argparse.Namespace) -> dict[str, Any]:
-    """Layout sizes: compile-aware defaults on cuda (families, bucketed B up to 4096),
-    small layouts for the interpreted default kernels on cpu (other targets on cpu are
-    measured first, see ``calibrate``)."""
+def _shaping(args: argparse.Namespace, contract: Any = None) -> dict[str, Any]:
+    """Layout sizes: compile-aware defaults on cuda (families, bucketed batches), small
+    layouts for the interpreted default kernels on cpu (other targets on cpu are measured
+    first, see ``calibrate``); the numbers are the contract's ``sizing``."""
+    sz = contract.sizing if contract is not None else Sizing()
     cuda = args.device.startswith("cuda")
     interpreted = not cuda and not args.target
     out: dict[str, Any] = {
         "families": args.families if args.families is not None else (8 if cuda else 0),
         "bucket": cuda and not args.no_bucket,
-        "max_b": args.max_b or (4096 if cuda else INTERPRETED_MAX_B if interpreted else None),
-        "budget": args.budget or (1 << 24 if cuda else INTERPRETED_BUDGET if interpreted
-                                  else None),
-        "max_bhv": INTERPRETED_MAX_BHV if interpreted and not args.budget else None,
+        "max_b": args.max_b or (sz.cuda_max_b if cuda else sz.interpreted_max_b if interpreted
+                                else None),
+        "budget": args.budget or (sz.cuda_budget if cuda else sz.interpreted_budget
+                                  if interpreted else None),
+        "max_bhv": sz.interpreted_max_bhv if interpreted and not args.budget else None,
         "scale_share": (args.scale_share if getattr(args, "scale_share", None) is not None
                         else 0.03 if cuda else 0.0),
         "scale_budget": getattr(args, "scale_budget", None),
@@ -347,7 +345,7 @@ def _replay(args: argparse.Namespace) -> int:
     from .runner import default_targets
 
     contract = _contract(args)
-    _prepare_device(args.device)
+    _prepare_device(args.device, contract)
     # No --target: each file is replayed on the project's configured targets for its
     # variant, else on kda-fuzz's own kernels.
     targets: Any = _targets(args, contract) if args.target else None

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import importlib
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
+
+if TYPE_CHECKING:  # annotations only: hypothesis and the case/verdict types
+    from hypothesis.strategies import SearchStrategy
+
+    from .case import Case
+    from .shrink import Move, ShrinkContext
+    from .verdict import Verdict
 
 
 class Namespace(dict):
@@ -80,6 +88,115 @@ class Expectation:
         return f"raises ValueError from check {self.check}: {self.message}"
 
 
+# ----------------------------------------------------------------- family hooks
+#
+# Everything the engine needs to know about a kernel family beyond its checks is
+# declared on its Contract through the fixed signatures below (as every sample-input
+# function of a PyTorch OpInfo has one signature): the engine holds no family names.
+
+
+class ValidCases(Protocol):
+    """Valid cases of a variant. The runner passes only the keywords it sets; the family
+    chooses the defaults. ``budget``: state elements touched per case; ``max_b``: batch
+    rows; ``bucket``: round the batch up to a few sizes with padding rows; ``family``: a
+    compile family from :attr:`Contract.families`; ``max_bhv``: programs (rows x heads)."""
+
+    def __call__(self, variant: str, *, device: str = ..., budget: int = ...,
+                 max_b: int = ..., bucket: bool = ..., family: Any = ...,
+                 max_bhv: int | None = ...) -> SearchStrategy[Case]: ...
+
+
+class BrokenCases(Protocol):
+    """Broken cases of a variant: the breakages named by ``only`` (one arm of
+    :attr:`Contract.broken_arms`), else a random mix."""
+
+    def __call__(self, variant: str, *, device: str = ...,
+                 only: tuple[str, ...] | str | None = ...) -> SearchStrategy[Case]: ...
+
+
+class Judge(Protocol):
+    """The oracle of an accepted call: ``before``/``after`` are the bases around the call,
+    ``kwargs`` the views passed; ``budget`` (when given) is filled with the error budget
+    used. Returns the first broken rule, or None; raises :class:`Unjudgeable`."""
+
+    def __call__(self, case: Case, kwargs: dict[str, Any], before: dict[str, torch.Tensor],
+                 after: dict[str, torch.Tensor], result: Any,
+                 budget: dict[str, float] | None = None) -> Verdict | None: ...
+
+
+class Execution(Protocol):
+    """How a family's kernels run without a GPU."""
+
+    def configure_cpu(self) -> Any:
+        """Set up CPU execution (interpreters, hooks) before kernels are imported."""
+
+    def environment_error(self, exc: BaseException) -> str | None:
+        """Why ``exc`` is a failure of the execution machinery, not of the target."""
+
+
+class Shrinker(Protocol):
+    """A family's moves for the minimizer (:mod:`kda_fuzz.minimize`), which adds its own
+    (dtypes, strides, guard cells) and tries them all, biggest predicted savings first."""
+
+    def structure(self, case: Case, hint: Verdict | None,
+                  ctx: ShrinkContext) -> Iterable[Move]:
+        """Smaller layouts (rows, heads, head dims...); ``hint`` is the failure's verdict
+        (its ``where`` points at the failing element)."""
+
+    def scalars(self, case: Case, ctx: ShrinkContext) -> Iterable[Move]:
+        """Simpler scalar arguments (flags off, plain values)."""
+
+    def values(self, case: Case, ctx: ShrinkContext) -> Iterable[Move]:
+        """Simpler tensor values (zeros, ones, rounded)."""
+
+    def rows(self, case: Case) -> int | None:
+        """The batch size a minimized case's notes record (None: none)."""
+
+
+@dataclass(frozen=True)
+class ModuleExecution:
+    """An :class:`Execution` whose functions live in ``module`` (imported on first use,
+    so that a contract can be loaded without importing its kernels)."""
+
+    module: str
+
+    def configure_cpu(self) -> Any:
+        return importlib.import_module(self.module).configure_cpu()
+
+    def environment_error(self, exc: BaseException) -> str | None:
+        try:
+            mod = importlib.import_module(self.module)
+        except ImportError:
+            return None
+        return mod.environment_error(exc)
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """Default layout sizes of a family's campaigns: on CUDA, and for its own kernels on
+    CPU, which run interpreted (``budget``: state elements per case; ``max_bhv``:
+    programs, rows x heads)."""
+
+    cuda_budget: int = 1 << 24
+    cuda_max_b: int = 4096
+    interpreted_budget: int = 1 << 13
+    interpreted_max_b: int = 64
+    interpreted_max_bhv: int = 32
+
+
+@dataclass(frozen=True)
+class ScaleStratum:
+    """A family's GPU-scale stratum: ``cases(variant, device, budget_bytes)`` is a
+    strategy, or None when nothing fits; ``device_budget(device, jobs)`` the bytes per
+    case a device has room for."""
+
+    cases: Callable[[str, str, int], SearchStrategy[Case] | None]
+    device_budget: Callable[[str, int], int]
+
+
+ScalarKind = str  # "float" (finite), "float?" (null or finite), "bool"
+
+
 @dataclass(frozen=True)
 class Contract:
     """A kernel family's contract as data.
@@ -88,6 +205,12 @@ class Contract:
     differential oracle for accepted layouts; ``valid_cases(variant, **kw)`` and
     ``broken_cases(variant, only=names, **kw)`` are Hypothesis strategies, the latter
     with the breakages of one of ``broken_arms(variant)`` or, without ``only``, a mix.
+
+    Family hooks: ``scalars`` (the scalar arguments and their kinds, for corpus files),
+    ``default_targets`` (the project's kernels per variant), ``reference_target``,
+    ``execution``, ``sizing``, ``shrinker``, ``summarize`` (a case in one line),
+    ``sizes`` (a case's named sizes for descriptions), ``probe(rows, width, variant)``
+    (calibration cases), ``scale`` and ``judge_budget`` (the judge fills an error budget).
     """
 
     name: str
@@ -95,9 +218,9 @@ class Contract:
     variants: tuple[str, ...]
     checks: tuple[Check, ...]
     derived: Mapping[str, Callable[[Namespace], Any]]
-    judge: Callable[..., Any]
-    valid_cases: Callable[..., Any]
-    broken_cases: Callable[..., Any]
+    judge: Judge
+    valid_cases: ValidCases
+    broken_cases: BrokenCases
     broken_arms: Callable[[str], list[tuple[str, tuple[str, ...]]]]
     holes: tuple[Hole, ...] = ()
     families: Callable[..., list[Any]] | None = None  # compile families for valid_cases
@@ -105,6 +228,17 @@ class Contract:
     exception: type[Exception] = ValueError
     doc: str = ""
     extras: Mapping[str, Any] = field(default_factory=dict)
+    scalars: Mapping[str, ScalarKind] = field(default_factory=dict)
+    default_targets: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    reference_target: str | None = None
+    execution: Execution | None = None
+    sizing: Sizing = Sizing()
+    shrinker: Shrinker | None = None
+    summarize: Callable[[Case], str] | None = None
+    sizes: Callable[[Case], dict[str, int]] | None = None
+    probe: Callable[[int, int, str], Case] | None = None
+    scale: ScaleStratum | None = None
+    judge_budget: bool = False
 
     def checks_for(self, variant: str) -> tuple[Check, ...]:
         self._require_variant(variant)

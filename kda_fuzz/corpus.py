@@ -82,8 +82,11 @@ import torch
 
 from .atomic import write_atomic
 from .case import Case, TensorArg
-from .contract import Contract
-from .oracle import Outcome, run_case
+from .contract import Contract, Expectation
+from .contracts import CONTRACTS, get_contract
+from .isolate import IsolatedTarget
+from .oracle import Outcome, expectation, run_case
+from .targets import TargetError, default_targets
 from .verdict import Verdict
 
 SCHEMA = 2
@@ -114,10 +117,6 @@ DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 DEVICES = ("cpu", "meta")
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
-# Scalar arguments per contract family: "float" (finite), "float?" (null or finite), "bool".
-SCALAR_TYPES: dict[str, dict[str, str]] = {
-    "kda": {"scale": "float", "use_qk_l2norm_in_kernel": "bool", "lower_bound": "float?"},
-}
 
 
 class CorpusError(Exception):
@@ -272,7 +271,8 @@ def _encode_tensor(arg: TensorArg) -> dict[str, Any]:
 
 
 def _check_scalars(case: Case) -> None:
-    for name in ("scale", "lower_bound"):
+    kinds = get_contract(case.contract).scalars
+    for name in (n for n, k in kinds.items() if k.startswith("float")):
         v = case.scalars.get(name)
         if isinstance(v, float) and not math.isfinite(v):
             raise ValueError(f"cannot save a case whose {name} is {v!r} (must be finite)")
@@ -364,9 +364,6 @@ def _versions() -> dict[str, str | None]:
 def _kind_of(case: Case, verdict: Verdict | None) -> str:
     if verdict is not None:
         return verdict.kind
-    from .contracts import get_contract
-    from .oracle import expectation
-
     return "mismatch" if expectation(get_contract(case.contract), case).ok else "contract"
 
 
@@ -385,11 +382,14 @@ def _document(case: Case, verdict: Verdict | None, origin: Mapping[str, Any] | N
               ) -> dict[str, Any]:
     kind = _kind_of(case, verdict)
     desc = " ".join(description.split()) or (verdict.summary() if verdict else kind)
+    exp = expectation(get_contract(case.contract), case)
     return {
         "schema": SCHEMA,
         "kind": kind,
         "description": desc[:300],
         "contract": {"family": case.contract, "variant": case.variant},
+        "expected": {"ok": exp.ok, "check": exp.check, "message": exp.message,
+                     "hole": exp.hole},
         "verdict": _jsonable(verdict.to_json()) if verdict is not None else None,
         "origin": _jsonable(dict(origin or {})),
         "versions": _versions(),
@@ -470,23 +470,13 @@ def save_failure(failure: Any, directory: str | os.PathLike[str], *, contract: C
     if case.contract != contract.name:
         raise ValueError(f"failure is for contract {case.contract!r}, not {contract.name!r}")
     date = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
-    layout = ", ".join(f"{k}={v}" for k, v in _sizes_of(case).items())
+    sizes = contract.sizes(case) if contract.sizes is not None else {}
+    layout = ", ".join(f"{k}={v}" for k, v in sizes.items())
     description = f"{verdict.kind}/{verdict.what} on {failure.target}" + (
         f" ({layout})" if layout else "")
     return save_case(case, verdict, directory, description=description,
                      origin={"target": failure.target, "seed": seed, "date": date,
                              "tool": "kda-fuzz fuzz"})
-
-
-def _sizes_of(case: Case) -> dict[str, int]:
-    out: dict[str, int] = {}
-    qkv = case.tensors.get("mixed_qkv")
-    st = case.tensors.get("initial_state")
-    if qkv is not None and qkv.shape:
-        out["B"] = qkv.shape[0]
-    if st is not None and len(st.shape) == 4:
-        out.update(zip(("slots", "HV", "V", "K"), st.shape))
-    return out
 
 
 # ------------------------------------------------------------------ decoding
@@ -613,7 +603,9 @@ def _decode_tensor(name: str, obj: Any, schema: int = SCHEMA) -> TensorArg:
 
 
 def _decode_scalar(family: str, name: str, value: Any) -> Any:
-    kind = SCALAR_TYPES.get(family, {}).get(name)
+    """A scalar of a corpus file, checked against its kind in the contract's ``scalars``:
+    "float" (finite), "float?" (null or finite), "bool"."""
+    kind = CONTRACTS[family].scalars.get(name)
     value = _unjson(value)
     if kind is None:
         return value
@@ -631,8 +623,6 @@ def _decode_scalar(family: str, name: str, value: Any) -> Any:
 
 
 def _decode(path: Path, doc: Any) -> tuple[Case, Verdict | None, dict[str, Any]]:
-    from .contracts import CONTRACTS
-
     if not isinstance(doc, dict):
         raise ValueError("the file is not a JSON object")
     schema = _field(doc, "schema", int, "file")
@@ -673,7 +663,7 @@ def _decode(path: Path, doc: Any) -> tuple[Case, Verdict | None, dict[str, Any]]
     both = [n for n in tensors_obj if n in scalars_obj]
     if both:
         raise ValueError(f"argument(s) {', '.join(both)} given as tensor and as scalar")
-    scalar_kinds = SCALAR_TYPES.get(family, {})
+    scalar_kinds = contract.scalars
     misplaced = [n for n in tensors_obj if n in scalar_kinds]
     if misplaced:
         raise ValueError(f"{', '.join(misplaced)} must be scalars, not tensors")
@@ -703,8 +693,43 @@ def _decode(path: Path, doc: Any) -> tuple[Case, Verdict | None, dict[str, Any]]
         "description": description,
         "origin": doc.get("origin") if isinstance(doc.get("origin"), dict) else {},
         "versions": doc.get("versions") if isinstance(doc.get("versions"), dict) else {},
+        "expected": _recorded_expectation(doc.get("expected"), kind, verdict),
     }
     return case, verdict, meta
+
+
+def _recorded_expectation(raw: Any, kind: str, verdict: Verdict | None) -> Expectation | None:
+    """What the contract prescribed for the case when it was saved: the file's
+    ``expected`` field, else what its verdict implies (files saved before that field
+    existed); None when neither says."""
+    if isinstance(raw, dict) and isinstance(raw.get("ok"), bool):
+        check, message, hole = raw.get("check"), raw.get("message"), raw.get("hole")
+        return Expectation(raw["ok"], check if isinstance(check, int) else None,
+                           message if isinstance(message, str) else None,
+                           hole if isinstance(hole, str) else None)
+    if verdict is None or kind not in ("contract", "mismatch"):
+        return None
+    if kind == "mismatch" or verdict.what == "rejected-valid-layout":
+        return Expectation(True)
+    if verdict.check is not None and verdict.message is not None:
+        return Expectation(False, verdict.check, verdict.message)
+    return Expectation(False, None, None, str(verdict.extra.get("hole", "")) or "unnamed")
+
+
+def stale_reason(contract: Contract, case: Case, recorded: Expectation | None) -> str | None:
+    """Why a corpus entry is stale: the outcome the current contract prescribes for its
+    case differs from the one recorded when it was saved (a check added, relaxed,
+    renumbered or reworded); None when they agree or nothing was recorded."""
+    if recorded is None:
+        return None
+    now = expectation(contract, case)
+    if now.ok == recorded.ok and (now.ok or (
+            now.check == recorded.check and now.message == recorded.message
+            and (now.hole is None) == (recorded.hole is None))):
+        return None
+    return (f"stale corpus entry: recorded when the contract said it {recorded.describe()}; "
+            f"the current {contract.name} contract says it {now.describe()} (re-record the "
+            "case or delete the file)")
 
 
 def _no_constants(name: str) -> Any:
@@ -762,8 +787,6 @@ def replay_entry(contract: Contract, case: Case, kind: str, targets: Sequence[An
     this process (``case`` is moved to ``device``)."""
     if kind not in ("crash", "timeout", "flaky"):
         return replay_case(contract, case if device == "cpu" else case.on(device), targets)
-    from .isolate import IsolatedTarget
-
     out = []
     for t in targets:
         with IsolatedTarget(contract, t.name, timeout=HARD_TIMEOUT, device=device) as iso:
@@ -816,13 +839,12 @@ def replay_file(path: Path, contract: Contract, variant: str | None,
                 targets: Sequence[Any] | Callable[[str], Sequence[Any]] | None, *,
                 device: str = "cpu",
                 note: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Replay one file; a JSON-able record with ``status`` PASS, FAIL or ERROR.
+    """Replay one file; a JSON-able record with ``status`` PASS, FAIL, STALE (the contract
+changed since the file was saved: ``reason`` says how; nothing is run) or ERROR.
 
     ``targets``: the targets, or a function of the variant giving them, or ``None`` for
     the project's kernels of the variant; a ``note`` says when the file was recorded on
     another target than those."""
-    from .runner import TargetError, default_targets
-
     rec: dict[str, Any] = {"path": str(path), "status": "ERROR", "results": []}
     try:
         case, verdict, meta = load_case(path)
@@ -840,6 +862,12 @@ def replay_file(path: Path, contract: Contract, variant: str | None,
              f"{use} (--contract)")
     rec["variant"] = use
     case = Case(case.contract, use, case.tensors, case.scalars, case.intent, case.notes)
+    stale = stale_reason(contract, case, meta["expected"]) if use == rec["file_variant"] \
+        else None
+    if stale is not None:
+        rec["status"] = "STALE"
+        rec["reason"] = stale
+        return rec
     try:
         chosen = (list(targets(use)) if callable(targets) else list(targets)
                   if targets is not None else default_targets(contract, use))
@@ -910,17 +938,19 @@ def replay_command(contract: Contract, variant: str | None,
                 print(f"PASS  {path}  [{rec['variant']}; {names}]"
                       + (f" ({extra})" if extra else "")
                       + (f"\n      note: {rec['note']}" if rec.get("note") else ""))
-            elif rec["status"] == "FAIL":
-                print(f"FAIL  {path}  {rec['reason']}")
+            elif rec["status"] in ("FAIL", "STALE"):
+                print(f"{rec['status']:<5} {path}  {rec['reason']}")
             else:
                 print(f"ERROR {path}  {rec['error']}")
-    counts = {s: sum(r["status"] == s for r in records) for s in ("PASS", "FAIL", "ERROR")}
+    counts = {s: sum(r["status"] == s for r in records)
+              for s in ("PASS", "FAIL", "STALE", "ERROR")}
     code = 0 if counts["PASS"] == len(records) else 1
     if as_json:
         print(json.dumps({"files": records, "passed": counts["PASS"], "failed": counts["FAIL"],
-                          "errors": counts["ERROR"], "device": device, "exit_code": code},
-                         sort_keys=True, allow_nan=False))
+                          "stale": counts["STALE"], "errors": counts["ERROR"], "device": device,
+                          "exit_code": code}, sort_keys=True, allow_nan=False))
     else:
+        stale = f", {counts['STALE']} stale" if counts["STALE"] else ""
         print(f"replayed {len(records)} file(s): {counts['PASS']} passed, {counts['FAIL']} "
-              f"failed, {counts['ERROR']} bad")
+              f"failed{stale}, {counts['ERROR']} bad")
     return code

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .atomic import write_atomic
+from .contracts import get_contract
 from .progress import check_counts, layout_of
 
 FILE_NAME = "kda-fuzz-report.html"
@@ -119,8 +120,6 @@ def _failures(report: Any) -> str:
 
 def _messages(report: Any) -> dict[str, str]:
     try:
-        from .contracts import get_contract
-
         contract = get_contract(report.contract)
         out = {str(c.number): c.message for c in contract.checks_for(report.variant)}
         out.update({f"hole:{h.name}": f"contract hole: any ValueError (checked after "

@@ -24,8 +24,10 @@ import torch
 
 from .case import Case
 from .contract import Contract
-from .oracle import EnvironmentFailure, Outcome, expectation
+from .contracts import get_contract
+from .oracle import EnvironmentFailure, Outcome, expectation, run_case
 from .process import exit_with_parent, how_it_ended
+from .targets import load_target
 from .verdict import Verdict
 
 
@@ -33,15 +35,9 @@ def _worker(conn: Connection, family: str, target: str, device: str,
             judging: dict[str, Any]) -> None:
     faulthandler.disable()  # a target's abort is reported by the parent, not dumped here
     exit_with_parent()
-    if device == "cpu":
-        from kda_fuzz_kernels.kda_decode import _execution
-
-        _execution.configure_cpu()
-    from .contracts import get_contract
-    from .oracle import run_case
-    from .runner import load_target
-
     contract = get_contract(family)
+    if device == "cpu" and contract.execution is not None:
+        contract.execution.configure_cpu()
     fn = load_target(target).fn
     parent = os.getppid()
     conn.send("ready")

@@ -41,15 +41,12 @@ class EnvironmentFailure(Exception):
     execute a kernel on this device, a device that is gone): never a verdict."""
 
 
-def _environment_cause(error: BaseException, case: Case) -> str | None:
+def _environment_cause(error: BaseException, case: Case, contract: Contract) -> str | None:
     """Why ``error`` is the execution environment's rather than the target's, if it is."""
     if any(t.device.type == "cuda" for t in case.tensors.values()):
         return None
-    try:
-        from kda_fuzz_kernels.kda_decode._execution import environment_error
-    except ImportError:
-        return None
-    return environment_error(error)
+    execution = contract.execution
+    return None if execution is None else execution.environment_error(error)
 
 
 def call_args(contract: Contract, kwargs: dict[str, Any]) -> list[Any]:
@@ -155,7 +152,7 @@ def run_case(contract: Contract, case: Case, target: Callable[..., Any], *,
     if isinstance(error, torch.OutOfMemoryError):  # the device is full: not a verdict
         return Outcome("skip", exp, note=f"{OUT_OF_MEMORY} (in the target)")
     if error is not None and not isinstance(error, contract.exception):
-        cause = _environment_cause(error, case)
+        cause = _environment_cause(error, case, contract)
         if cause is not None:
             raise EnvironmentFailure(cause) from error
     if not exp.ok:
@@ -177,7 +174,7 @@ def run_case(contract: Contract, case: Case, target: Callable[..., Any], *,
         return Outcome("fail", exp, Verdict("contract", "rejected-valid-layout",
                                             f"raised on a layout the contract accepts: {tb}",
                                             extra={"exception": type(error).__name__}))
-    used: dict[str, float] | None = {} if budget and contract.extras.get("judge_budget") \
+    used: dict[str, float] | None = {} if budget and contract.judge_budget \
         else None
     try:
         v = (contract.judge(case, kwargs, before, bases, result) if used is None

@@ -37,6 +37,9 @@ from dataclasses import dataclass, field
 from multiprocessing import connection
 from typing import Any
 
+from .contracts import get_contract
+from .isolate import IsolatedTarget
+from .minimize import minimize_with_verdict
 from .oracle import EnvironmentFailure
 from .process import exit_with_parent, how_it_ended
 from .runner import (
@@ -169,17 +172,13 @@ def _run_job(job: Job, conn: Any, stop: Any, record: Any) -> None:
     try:
         import torch
 
-        from .contracts import get_contract
-
         gpus = torch.cuda.device_count() if job.device == "cuda" else 1
         device = claim_device(job.device, job.index, -(-job.jobs // max(1, gpus)))
-        if not device.startswith("cuda"):
-            from kda_fuzz_kernels.kda_decode import _execution
-
-            _execution.configure_cpu()
+        contract = get_contract(job.contract)
+        if not device.startswith("cuda") and contract.execution is not None:
+            contract.execution.configure_cpu()
         # the jobs share the host's cores: no job's torch ops may spread over all of them
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // job.jobs))
-        contract = get_contract(job.contract)
         targets = [load_target(t) for t in job.targets]
         peers = [load_target(p) for p in job.peers]
         if job.wrap is not None:
@@ -460,9 +459,6 @@ def minimize_failures(contract: Any, failures: list[Failure], *, device: str,
     """Minimize each distinct failure in place, its candidates judged in an isolated worker
     (a crash is minimized too, within ``shrink_seconds``; hangs, flaky failures and peer
     disagreements are kept as found)."""
-    from .isolate import IsolatedTarget
-    from .minimize import minimize_with_verdict
-
     def one(f: Failure) -> None:
         if not (minimizable(f.verdict) or f.verdict.kind == "crash") or " vs " in f.target:
             return

@@ -143,9 +143,11 @@ def pytest_configure(config: pytest.Config) -> None:
     _hypothesis_profiles(st.config)
     if kda_device(config).startswith("cuda"):
         return
-    from kda_fuzz_kernels.kda_decode import _execution
+    from .contracts import CONTRACTS
 
-    _execution.configure_cpu()
+    for contract in CONTRACTS.values():  # each family's kernels, before they are imported
+        if contract.execution is not None:
+            contract.execution.configure_cpu()
 
 
 def _hypothesis_profiles(cfg: Config) -> None:
@@ -256,6 +258,12 @@ class CorpusReplayFailure(Exception):
     """A corpus case on which a target still does not do what the contract prescribes."""
 
 
+class StaleCorpusEntry(Exception):
+    """A corpus file recorded under another contract: the outcome the contract prescribes
+    for its case has changed since (the item fails saying so, and the report carries the
+    user property ``kda_corpus_stale``)."""
+
+
 class CorpusFile(pytest.File):
     """One corpus JSON file; it yields exactly one item (loading happens when it runs)."""
 
@@ -272,15 +280,20 @@ class CorpusItem(pytest.Item):
 
     def runtest(self) -> None:
         from .contracts import get_contract
-        from .corpus import CorpusError, load_case, passed, replay_entry
+        from .corpus import CorpusError, load_case, passed, replay_entry, stale_reason
         from .progress import layout_of
-        from .runner import TargetError, load_target
+        from .targets import TargetError, load_target
 
         case, _verdict, meta = load_case(self.path)
         try:
             contract = get_contract(case.contract)
         except ValueError as e:
             raise CorpusError(self.path, str(e)) from None
+        stale = stale_reason(contract, case, meta["expected"])
+        if stale is not None:
+            self.user_properties.append(("kda_corpus_stale", stale))
+            raise StaleCorpusEntry(f"STALE corpus file {self.path} ({case.variant} variant, "
+                                   f"{meta['kind']}): {stale}")
         st = state(self.config)
         override = self.config.getoption("--kda-corpus-target", default=[]) or []
         choice = choose_targets(st.config, case.contract, case.variant, override)
@@ -318,7 +331,7 @@ class CorpusItem(pytest.Item):
                      style: Any = None) -> str | Any:
         from .corpus import CorpusError
 
-        if isinstance(excinfo.value, CorpusError | CorpusReplayFailure):
+        if isinstance(excinfo.value, CorpusError | CorpusReplayFailure | StaleCorpusEntry):
             return str(excinfo.value)
         return super().repr_failure(excinfo, style=style)
 

@@ -12,6 +12,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 from rich.progress import Progress as RichProgress
 from rich.table import Table
 
+from .contracts import get_contract
+
 STATUS_INTERVAL = 5.0  # seconds between plain status lines off a terminal
 
 
@@ -80,8 +82,6 @@ def check_counts(report: Any) -> list[tuple[str, int]]:
     come last."""
     counts = dict(report.checks_hit)
     try:
-        from .contracts import get_contract
-
         contract = get_contract(report.contract)
         keys: list[Any] = [c.number for c in contract.checks_for(report.variant)]
         keys += [f"hole:{h.name}" for h in contract.holes]
@@ -145,9 +145,7 @@ def print_summary(report: Any, file: Any = None) -> None:
 def layout_of(case: Any) -> str:
     """The contract's one-line layout summary (sizes, dtypes, strides) of a case."""
     try:
-        from .contracts import get_contract
-
-        summarize = get_contract(case.contract).extras.get("summarize")
+        summarize = get_contract(case.contract).summarize
     except ValueError:
         summarize = None
     return summarize(case) if summarize is not None else case.describe()

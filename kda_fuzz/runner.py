@@ -3,96 +3,27 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import importlib
-import inspect
-import os
 import random
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
-from .case import Case
+from .case import Case, fingerprint
 from .contract import Contract
 from .oracle import Messages, Outcome, expectation, run_case, run_peers
+from .targets import Target, TargetError, check_signature, default_targets, load_target
 from .verdict import Verdict
 
-
-class TargetError(Exception):
-    """A ``--target`` that cannot be imported or called."""
-
-
-@dataclass(frozen=True)
-class Target:
-    """A callable under test and the name it was given by."""
-
-    name: str
-    fn: Callable[..., Any]
-
-
-def load_target(spec: str) -> Target:
-    """Import ``MODULE:CALLABLE`` with the current directory on ``sys.path``."""
-    module, sep, attr = spec.partition(":")
-    if not sep or not module or not attr:
-        raise TargetError(f"target {spec!r} is not of the form MODULE:CALLABLE")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        mod = importlib.import_module(module)
-    except Exception as e:
-        hint = (" (kda-fuzz's own kernels are the package 'kda_fuzz_kernels' now)"
-                if module.split(".")[0] == "kernels" else "")
-        raise TargetError(f"cannot import {module!r}: {type(e).__name__}: {e}{hint}") from e
-    fn: Any = mod
-    for part in attr.split("."):
-        fn = getattr(fn, part, None)
-        if fn is None:
-            raise TargetError(f"module {module!r} has no attribute {attr!r}")
-    if not callable(fn):
-        raise TargetError(f"{spec!r} is not callable")
-    return Target(spec, fn)
-
-
-def check_signature(target: Target, contract: Contract) -> None:
-    """Raise ``TargetError`` unless ``target`` can be called with the contract's arguments
-    (all of them, positionally)."""
-    try:
-        sig = inspect.signature(target.fn)
-    except (TypeError, ValueError):  # builtins and extensions may have none: trust them
-        return
-    try:
-        sig.bind(*contract.signature)
-    except TypeError as e:
-        raise TargetError(
-            f"{target.name} cannot take the {contract.name} contract's {len(contract.signature)} "
-            f"arguments ({', '.join(contract.signature)}): {e}") from None
-
-
-def default_targets(contract: Contract, variant: str) -> list[Target]:
-    """The project's own kernels for a contract variant."""
-    return [load_target(s) for s in contract.extras.get("default_targets", {}).get(variant, ())]
-
-
-def fingerprint(case: Case) -> str:
-    """A content hash of a case: layouts, bytes and scalars."""
-    h = hashlib.sha256()
-    for name in sorted(case.tensors):
-        t = case.tensors[name]
-        h.update(f"{name}|{t.dtype}|{t.device.type}|{t.shape}|{t.stride}|{t.offset}|".encode())
-        if t.device.type != "meta":
-            h.update(t.base.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-    h.update(repr(sorted(case.scalars.items())).encode())
-    h.update(case.variant.encode())
-    return h.hexdigest()
-
+# Loading targets lives in kda_fuzz.targets; the names stay importable from here.
+__all__ = ["Arm", "Campaign", "CampaignOptions", "Failure", "Recorder", "Report", "Target",
+           "TargetError", "campaign", "check_signature", "deal", "default_targets",
+           "fingerprint", "load_target", "minimizable", "plan"]
 
 
 @dataclass
@@ -272,7 +203,7 @@ def plan(contract: Contract, variant: str, max_examples: int, *, device: str = "
     Without families the valid examples are split into ``parts`` arms (one per job).
 
     ``scale_share`` of the examples (taken from the valid ones) go to the contract's
-    scale stratum (``extras["scale_cases"]``), sized to ``scale_budget`` bytes (default:
+    scale stratum (``Contract.scale``), sized to ``scale_budget`` bytes (default:
     0.8 of the device's free memory split between ``parts`` jobs); none when nothing fits."""
     arms_scale = _scale_arms(contract, variant, max_examples, device, scale_share,
                              scale_budget, parts)
@@ -285,15 +216,13 @@ def plan(contract: Contract, variant: str, max_examples: int, *, device: str = "
 
 def _scale_arms(contract: Contract, variant: str, max_examples: int, device: str,
                 share: float, budget: int | None, parts: int) -> list[Arm]:
-    factory = contract.extras.get("scale_cases")
+    stratum = contract.scale
     n = round(max_examples * share)
-    if not n or factory is None:
+    if not n or stratum is None:
         return []
     if budget is None:
-        from .contracts.kda_scale import device_budget
-
-        budget = device_budget(device, parts)
-    strategy = factory(variant, device, budget) if budget else None
+        budget = stratum.device_budget(device, parts)
+    strategy = stratum.cases(variant, device, budget) if budget else None
     if strategy is None:
         return []
     return [Arm(f"scale:part{j}" if parts > 1 else "scale", strategy, k)

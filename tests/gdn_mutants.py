@@ -52,7 +52,7 @@ def _validate(args: tuple, variant: str, bugs: frozenset[str]) -> tuple[int, ...
         return validate_gdn_packed_decode_inputs(*args, variant, hardened="no_harden" not in bugs)
     except ValueError as e:
         msg = str(e)
-        HV = state.shape[-3]
+        HV = state.shape[-3] if state.ndim >= 3 else -1  # a/b checks: state is 4D by then
         if ("swap_ab_alog_checks" in bugs and msg.startswith(AB_PREFIX)
                 and (A_log.numel() != HV or dt_bias.numel() != HV)):
             # every check before the a/b one passed: the swapped order raises this first

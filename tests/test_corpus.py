@@ -585,7 +585,7 @@ def test_minimize_channel_counts_follow_the_variant(variant: str, V: int) -> Non
 
 
 def test_trading_rows_for_heads_keeps_every_row_heads_numbers() -> None:
-    from kda_fuzz.minimize import _merge_rows, _sizes, _split_heads
+    from kda_fuzz.contracts.packed_shrink import _merge_rows, _sizes, _split_heads
     from kda_fuzz.oracle import call_args
     from kda_fuzz_kernels.kda_decode import reference_kda_packed_decode
 
@@ -645,7 +645,7 @@ def test_pytest_collects_corpus_files(pytester: pytest.Pytester, tmp_path: Path)
     (pytester.path / "notcorpus" / "data.json").write_text("{}")
     pytester.makeini("[pytest]\nkda_corpus = regressions\n")
     # replay targets: the project's kernels (the plugin has no silent default)
-    triton = KDA.extras["default_targets"]["triton"]
+    triton = KDA.default_targets["triton"]
     (pytester.path / "pyproject.toml").write_text(
         f"[tool.kda-fuzz.targets.kda]\ntriton = {list(triton)!r}\n".replace("'", '"'))
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from ..contract import Contract
+from .gdn import CONTRACT as GDN
 from .kda import CONTRACT as KDA
 
-CONTRACTS: dict[str, Contract] = {KDA.name: KDA}
+CONTRACTS: dict[str, Contract] = {KDA.name: KDA, GDN.name: GDN}
 
 
 def get_contract(name: str) -> Contract:

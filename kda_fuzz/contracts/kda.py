@@ -22,16 +22,27 @@ not judged numerically (counted as ``skipped_unjudgeable``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 import torch
 
 from ..case import Case
-from ..contract import Check, Contract, Hole, Unjudgeable, shape
+from ..contract import (
+    Check,
+    Contract,
+    Hole,
+    ModuleExecution,
+    ScaleStratum,
+    Sizing,
+    Unjudgeable,
+    shape,
+)
 from ..oracle import same_bits
 from ..verdict import Verdict
 from . import kda_layouts, kda_scale
+from .packed_shrink import PackedDecodeShrinker
 
 SIGNATURE = (
     "mixed_qkv", "a", "b", "A_log", "dt_bias", "scale", "initial_state", "out",
@@ -265,9 +276,26 @@ def layout_summary(case: Case) -> str:
     return f"{sizes}; {case.describe()}"
 
 
+def packed_sizes(case: Case) -> dict[str, int]:
+    """B, slots, HV, V and K of a case, as far as its tensors' ranks allow (for the
+    descriptions of corpus files)."""
+    out: dict[str, int] = {}
+    qkv = case.tensors.get("mixed_qkv")
+    st = case.tensors.get("initial_state")
+    if qkv is not None and qkv.shape:
+        out["B"] = qkv.shape[0]
+    if st is not None and len(st.shape) == 4:
+        out.update(zip(("slots", "HV", "V", "K"), st.shape))
+    return out
+
+
+Reference = Callable[[dict[str, Any]], dict[str, torch.Tensor]]
+
+
 def judge(case: Case, kwargs: dict[str, Any], before: dict[str, torch.Tensor],
           after: dict[str, torch.Tensor], result: Any,
-          budget: dict[str, float] | None = None) -> Verdict | None:
+          budget: dict[str, float] | None = None, *,
+          reference: Reference | None = None) -> Verdict | None:
     """The differential and semantic oracle for a layout the contract accepts.
 
     ``before`` holds the bases as they were handed over, ``after`` the same bases after
@@ -276,6 +304,8 @@ def judge(case: Case, kwargs: dict[str, Any], before: dict[str, torch.Tensor],
     |got - ref| / bound per output and dtype (``"out/float32"``, ``"state/bfloat16"``;
     1.0 is the tolerance), read back in the same device sync; outputs with no valid row
     are left out. Scale cases (``notes["scale"]``) go to ``kda_scale.judge_sampled``.
+    ``reference``: the float64 result and bounds (default :func:`reference64`); a sibling
+    family of the same packing (GDN) passes its own and shares this policy.
     """
     if case.notes.get("scale"):  # GPU-scale cases: bit-exact everywhere, math sampled
         return kda_scale.judge_sampled(case, kwargs, before, after, result, budget)
@@ -287,7 +317,7 @@ def judge(case: Case, kwargs: dict[str, Any], before: dict[str, torch.Tensor],
                        f"must return the caller's own (out, initial_state); got {got}")
     ref_args = {n: case.tensors[n].view(before[n]) for n in case.tensors}
     ref_args.update(case.scalars)
-    ref = reference64(ref_args)
+    ref = (reference or reference64)(ref_args)
     masks = _masks(case, kwargs, after, ref)
     if _all_pass(kwargs, before, after, ref, masks, budget):  # one sync on the common path
         return None
@@ -395,12 +425,13 @@ def _diagnose(kwargs: dict[str, Any], before: dict[str, torch.Tensor],
 
 
 def cross_judge(case: Case, before: dict[str, torch.Tensor],
-                results: list[tuple[str, dict[str, Any]]]) -> Verdict | None:
+                results: list[tuple[str, dict[str, Any]]], *,
+                reference: Reference | None = None) -> Verdict | None:
     """Peer mode: two implementations' outputs on the same accepted layout agree within
     the sum of their tolerance bounds (each bound as in ``judge``)."""
     ref_args = {n: case.tensors[n].view(before[n]) for n in case.tensors}
     ref_args.update(case.scalars)
-    ref = reference64(ref_args)
+    ref = (reference or reference64)(ref_args)
     (name_a, a), (name_b, b) = results[0], results[1]
     rows, slots = ref["rows"], ref["slots"]
     for output, got_a, got_b, bound in (
@@ -431,19 +462,22 @@ CONTRACT = Contract(
     families=kda_layouts.families,
     cross_judge=cross_judge,
     doc=__doc__ or "",
-    extras={
-        "default_targets": {
-            "helion": ("kda_fuzz_kernels.kda_decode:helion_fused_recurrent_kda_packed_decode",),
-            "triton": ("kda_fuzz_kernels.kda_decode:fused_recurrent_kda_packed_decode",
-                       "kda_fuzz_kernels.kda_decode:kda_packed_decode"),
-        },
-        "reference_target": "kda_fuzz_kernels.kda_decode:reference_kda_packed_decode",
-        "summarize": layout_summary,  # a case's sizes, dtypes and strides in one line
-        "judge_budget": True,
-        # the GPU-scale stratum: (variant, device, budget_bytes) -> strategy or None
-        "scale_cases": kda_scale.scale_cases,  # judge(..., budget={}) reports the error budget used
-        # calibrate.py: a valid case of `rows` batch rows and one head, K = V = `width`
-        "probe": lambda rows, width, variant: kda_layouts.build(
-            kda_layouts.KdaLayout(B=rows, H=1, HV=1, K=width, V=width, seed=0), variant),
+    scalars={"scale": "float", "use_qk_l2norm_in_kernel": "bool", "lower_bound": "float?"},
+    default_targets={
+        "helion": ("kda_fuzz_kernels.kda_decode:helion_fused_recurrent_kda_packed_decode",),
+        "triton": ("kda_fuzz_kernels.kda_decode:fused_recurrent_kda_packed_decode",
+                   "kda_fuzz_kernels.kda_decode:kda_packed_decode"),
     },
+    reference_target="kda_fuzz_kernels.kda_decode:reference_kda_packed_decode",
+    execution=ModuleExecution("kda_fuzz_kernels.kda_decode._execution"),
+    sizing=Sizing(),  # interpreted kernels on CPU: 2^13 elements, B*HV <= 32
+    shrinker=PackedDecodeShrinker(gate_per_key=True, pow2_variants=HELION),
+    summarize=layout_summary,  # a case's sizes, dtypes and strides in one line
+    sizes=packed_sizes,
+    # calibrate.py: a valid case of `rows` batch rows and one head, K = V = `width`
+    probe=lambda rows, width, variant: kda_layouts.build(
+        kda_layouts.KdaLayout(B=rows, H=1, HV=1, K=width, V=width, seed=0), variant),
+    # the GPU-scale stratum: (variant, device, budget_bytes) -> strategy or None
+    scale=ScaleStratum(kda_scale.scale_cases, kda_scale.device_budget),
+    judge_budget=True,  # judge(..., budget={}) reports the error budget used
 )
