@@ -27,8 +27,10 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="callable under test, with the contract's signature (repeatable; "
                         "default: the project's kernels for the contract)")
     p.add_argument("--contract", default=None,
-                   help="contract variant: helion (checks 1-22) or triton (no check 14); "
-                        "fuzz default: helion; replay default: each file's own variant")
+                   help="contract variant (kda: helion = checks 1-22, triton = no check 14; "
+                        "gdn: triton = the documented checks, helion = plus power-of-two K "
+                        "and V); fuzz default: the family's first (kda: helion, gdn: "
+                        "triton); replay default: each file's own variant")
     p.add_argument("--family", default="kda", help="kernel family contract (default: kda)")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
     p.add_argument("--json", action="store_true",
@@ -182,8 +184,8 @@ def _fuzz(args: argparse.Namespace) -> int:
     from .progress import Progress
     from .runner import CampaignOptions, campaign
 
-    args.contract = args.contract or "helion"
     contract = _contract(args)
+    args.contract = args.contract or contract.variants[0]
     if args.max_examples < 1:
         raise UsageError("--max-examples must be at least 1")
     if args.max_failures < 1:

@@ -40,15 +40,16 @@ class Namespace(dict):
 
 @dataclass(frozen=True)
 class Check:
-    """One validation rule: ``fails(ns)`` true means the call must raise ``message``."""
+    """One validation rule: ``fails(ns)`` true means the call must raise ``message``
+    (``None``: a check the contract does not word; any instance of its exception)."""
 
     number: int
     fails: Callable[[Namespace], bool]
-    message: str
+    message: str | None
     variants: frozenset[str] | None = None  # None: in every variant
 
-    def render(self, ns: Namespace) -> str:
-        return self.message.format_map(ns)
+    def render(self, ns: Namespace) -> str | None:
+        return None if self.message is None else self.message.format_map(ns)
 
     def applies(self, variant: str) -> bool:
         return self.variants is None or variant in self.variants
@@ -83,6 +84,8 @@ class Expectation:
     def describe(self) -> str:
         if self.ok:
             return "accepts the layout"
+        if self.message is None and self.hole is None:
+            return f"raises ValueError from check {self.check} (any message: not worded)"
         if self.message is None:
             return f"raises ValueError (any message; contract hole: {self.hole})"
         return f"raises ValueError from check {self.check}: {self.message}"

@@ -121,7 +121,8 @@ def _failures(report: Any) -> str:
 def _messages(report: Any) -> dict[str, str]:
     try:
         contract = get_contract(report.contract)
-        out = {str(c.number): c.message for c in contract.checks_for(report.variant)}
+        out = {str(c.number): c.message or "any ValueError (the contract does not word it)"
+               for c in contract.checks_for(report.variant)}
         out.update({f"hole:{h.name}": f"contract hole: any ValueError (checked after "
                                       f"check {h.after})" for h in contract.holes})
         return out

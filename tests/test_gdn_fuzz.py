@@ -92,3 +92,23 @@ def test_cli_fuzz_and_replay_gdn(tmp_path, capsys: pytest.CaptureFixture[str]) -
     code = main(["replay", "--family", "gdn", "--target", "tests.gdn_mutants:correct_triton",
                  *map(str, files)])
     assert code == 0, capsys.readouterr().out
+
+
+def _own_pow2_wording(*args):
+    """The correct Helion twin, rejecting non-power-of-two K or V in its own words."""
+    try:
+        return gdn_mutants.correct_helion(*args)
+    except ValueError as e:
+        if str(e).startswith("Helion GDN decode requires"):
+            raise ValueError("K and V must be powers of two") from None
+        raise
+
+
+def test_the_unworded_power_of_two_check_takes_any_wording() -> None:
+    """The spec words no power-of-two check for GDN: a Helion kernel from elsewhere that
+    words it its own way passes, and the documented variant is the CLI's default."""
+    assert GDN.variants[0] == "triton"
+    report = campaign(GDN, "helion", [Target("own-words", _own_pow2_wording)],
+                      max_examples=300, seed=11, **SMALL)
+    assert not report.failures, report.failures[0].verdict.summary()
+    assert report.checks_hit.get(14)
