@@ -5,7 +5,9 @@ interpreter) costs milliseconds per program, one program per batch row and value
 layouts sized for native code would take minutes each. Before a CPU campaign whose sizes
 were not given, the target runs probe layouts of the contract (``Contract.probe``: one
 row, ``PROBE_ROWS`` rows, and ``PROBE_ROWS`` wider rows) in an isolated worker; the
-differences give its cost per row and head and per state element. A target that pays
+differences give its cost per row and head and per state element (the CPU time of the
+worker's calling thread, fastest of ``REPEATS``, so that a busy machine does not make
+native code look slow). A target that pays
 milliseconds per row and head (an interpreter running one program each) gets, from those, the
 largest B*HV and element budget that keep a valid example within ``EXAMPLE_SECONDS`` (half
 of it for each).
@@ -21,11 +23,11 @@ from .contract import Contract
 from .isolate import IsolatedTarget
 
 EXAMPLE_SECONDS = 0.5  # wall time a valid example may take on the CPU
-PROBE_ROWS, NARROW, WIDE = 8, 16, 64  # probe layouts: rows x (K = V = NARROW or WIDE)
+PROBE_ROWS, NARROW, WIDE = 32, 16, 64  # probe layouts: rows x (K = V = NARROW or WIDE)
 REPEATS = 3  # runs of each probe; a busy machine must not make native code look slow
 # A cost per row and head above this is an interpreter's (one program each, ms apiece);
 # vectorised code costs microseconds, and timing noise must not cap its sizes.
-INTERPRETED_ROW_HEAD = 5e-4
+INTERPRETED_ROW_HEAD = 1e-3
 
 
 @dataclass(frozen=True)
@@ -61,9 +63,11 @@ def calibrate(contract: Contract, variant: str, target: str, *, timeout: float =
             best = float("inf")
             for _ in range(REPEATS):  # noise only adds time: the fastest run is the cost
                 t = time.perf_counter()
-                if iso.run(case).status != "pass":
+                outcome = iso.run(case)
+                if outcome.status != "pass":
                     return None
-                best = min(best, time.perf_counter() - t)
+                wall = time.perf_counter() - t
+                best = min(best, wall if outcome.cpu_seconds is None else outcome.cpu_seconds)
             times.append(best)
     fixed = times[1]
     per_row = max(0.0, (times[2] - fixed) / (PROBE_ROWS - 1))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import faulthandler
 import multiprocessing as mp
 import os
+import time
 import traceback
 from multiprocessing.connection import Connection
 from typing import Any
@@ -52,8 +53,10 @@ def _worker(conn: Connection, family: str, target: str, device: str,
         if case is None:
             return
         try:
+            cpu = time.thread_time()  # immune to the machine's load, unlike wall time
             outcome = run_case(contract, case if device == "cpu" else case.on(device), fn,
                                **judging)
+            outcome.cpu_seconds = time.thread_time() - cpu
         except EnvironmentFailure as e:
             conn.send(("environment", str(e)))
             continue

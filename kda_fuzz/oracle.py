@@ -31,6 +31,7 @@ class Outcome:
     note: str = ""
     wording: tuple[int | None, str, str] | None = None
     budget: dict[str, float] | None = None  # largest |got - ref| / bound per output/dtype
+    cpu_seconds: float | None = None  # the calling thread's CPU time (isolated runs)
 
 
 OUT_OF_MEMORY = "not judged: out of device memory"

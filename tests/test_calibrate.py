@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kda_fuzz.calibrate import EXAMPLE_SECONDS, apply, calibrate
+from kda_fuzz.calibrate import EXAMPLE_SECONDS, INTERPRETED_ROW_HEAD, apply, calibrate
 from kda_fuzz.contracts import get_contract
 
 KDA = get_contract("kda")
@@ -10,7 +10,7 @@ KDA = get_contract("kda")
 
 def test_an_interpreted_kernel_gets_sizes_that_fit_the_time() -> None:
     sizing = calibrate(KDA, "triton", "tests.foreign.triton_row_program:decode")
-    assert sizing is not None and sizing.per_row_head > 5e-4
+    assert sizing is not None and sizing.per_row_head > INTERPRETED_ROW_HEAD
     assert 1 <= sizing.max_bhv < 4096 and sizing.budget <= 1 << 18
     options: dict = {"budget": None, "max_b": None, "max_bhv": None}
     apply(sizing, options)

@@ -316,6 +316,7 @@ def test_out_of_memory_falls_back_to_the_cheapest_case_of_all() -> None:
     assert any(s != fallback for s in tried)  # after the drawn case ran out of memory
 
 
+@pytest.mark.filterwarnings("ignore:Using `reject` outside")
 def test_out_of_memory_everywhere_draws_no_case(monkeypatch: pytest.MonkeyPatch) -> None:
     """When not even the cheapest case fits, the draw is rejected (Hypothesis draws again)."""
     from hypothesis.errors import UnsatisfiedAssumption
