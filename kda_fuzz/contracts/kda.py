@@ -157,7 +157,7 @@ def reference64(args: dict[str, Any]) -> dict[str, torch.Tensor]:
     """Float64 result and per-element error bounds for the rows with ``idx >= 0``."""
     from kda_fuzz_kernels.kda_decode.reference import decode_terms
 
-    state, out = args["initial_state"], args["out"]
+    state = args["initial_state"]
     f64 = torch.float64
     HV, V, K = state.shape[-3:]
     H = (args["mixed_qkv"].shape[1] - HV * V) // 2 // K
@@ -166,10 +166,20 @@ def reference64(args: dict[str, Any]) -> dict[str, torch.Tensor]:
                      args["scale"], state, args["ssm_state_indices"],
                      args["use_qk_l2norm_in_kernel"], lb, H, f64)
     g, A = t["g"], t["A"]
-    gamma = 8.0 * (K + 16) * _U32
     A_log = args["A_log"].to(f64).reshape(HV, 1)
     gsens = (g.abs() * (A_log.abs() + 4)
              + A * (t["a"].abs() + t["dt_bias"].abs()) * max(1.0, abs(lb or 0.0)))
+    return packed_bounds(args, t, gsens.unsqueeze(2))
+
+
+def packed_bounds(args: dict[str, Any], t: dict[str, torch.Tensor],
+                  gsens: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The float64 result of the delta-rule terms ``t`` with forward-error bounds of float32
+    arithmetic, given the gate's sensitivity ``gsens`` (broadcastable to the rows' states
+    ``[R, HV, V, K]``); shared by the packed decode families."""
+    state, out = args["initial_state"], args["out"]
+    K = state.shape[-1]
+    gamma = 8.0 * (K + 16) * _U32
     S0 = t["S0"].abs()
     S_dec = t["S_dec"].abs()
     k_abs, q_abs = t["k"].abs(), t["q"].abs()
@@ -178,7 +188,7 @@ def reference64(args: dict[str, Any]) -> dict[str, torch.Tensor]:
     tiny32 = torch.finfo(torch.float32).smallest_normal
     delta = t["v"].abs() + torch.einsum("rhvk,rhk->rhv", S_dec, k_abs)
     M_r = t["beta"].unsqueeze(-1) * delta
-    e_state = (S_dec * (gamma + 4 * _U32 * gsens.unsqueeze(2))
+    e_state = (S_dec * (gamma + 4 * _U32 * gsens)
                + (gamma * M_r + tiny32 * delta).unsqueeze(-1) * k_abs.unsqueeze(2)
                + tiny32 * (S0 + 1))
     new_state, o = t["S"], t["o"]
