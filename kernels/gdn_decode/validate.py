@@ -13,11 +13,9 @@ from typing import Literal
 
 import torch
 
+from ..kda_decode.validate import _is_pow2, validate_packed_layout
+
 Variant = Literal["helion", "triton"]
-
-
-def _is_pow2(n: int) -> bool:
-    return n > 0 and n & (n - 1) == 0
 
 
 def validate_gdn_packed_decode_inputs(
@@ -43,48 +41,8 @@ def validate_gdn_packed_decode_inputs(
     """
     if variant not in ("helion", "triton"):
         raise ValueError(f"unknown contract variant {variant!r}; expected 'helion' or 'triton'.")
-    if mixed_qkv.ndim != 2:
-        raise ValueError(f"`mixed_qkv` must be a 2D tensor (got ndim={mixed_qkv.ndim}).")
-    if mixed_qkv.stride(-1) != 1:
-        raise ValueError("`mixed_qkv` must be contiguous in the last dim.")
-    if a.ndim != 2 or b.ndim != 2:
-        raise ValueError(
-            f"`a` and `b` must be 2D tensors (got a.ndim={a.ndim}, b.ndim={b.ndim})."
-        )
-    if a.stride(-1) != 1 or b.stride(-1) != 1:
-        raise ValueError("`a`/`b` must be contiguous in the last dim.")
-    if A_log.ndim != 1 or dt_bias.ndim != 1:
-        raise ValueError("`A_log`/`dt_bias` must be 1D tensors.")
-    if A_log.stride(0) != 1 or dt_bias.stride(0) != 1:
-        raise ValueError("`A_log`/`dt_bias` must be contiguous.")
-    if ssm_state_indices.ndim != 1:
-        raise ValueError(
-            "`ssm_state_indices` must be 1D for packed decode "
-            f"(got ndim={ssm_state_indices.ndim})."
-        )
-    if not out.is_contiguous():
-        raise ValueError("`out` must be contiguous.")
-    device = mixed_qkv.device
-    if any(
-        t.device != device for t in (a, b, A_log, dt_bias, initial_state, out, ssm_state_indices)
-    ):
-        raise ValueError("All inputs must be on the same device.")
-    B = mixed_qkv.shape[0]
-    if a.shape[0] != B or b.shape[0] != B:
-        raise ValueError(
-            f"Mismatched batch sizes: mixed_qkv.shape[0]={B}, a.shape[0]={a.shape[0]}, "
-            f"b.shape[0]={b.shape[0]}."
-        )
-    if ssm_state_indices.shape[0] != B:
-        raise ValueError(
-            "`ssm_state_indices` must have shape [B] "
-            f"(got {tuple(ssm_state_indices.shape)}; expected ({B},))."
-        )
-    if initial_state.ndim != 4:
-        raise ValueError(f"`initial_state` must be a 4D tensor (got ndim={initial_state.ndim}).")
-    if initial_state.stride(-1) != 1:
-        raise ValueError("`initial_state` must be contiguous in the last dim.")
-    HV, V, K = initial_state.shape[-3:]
+    B, HV, V, K = validate_packed_layout(mixed_qkv, a, b, A_log, dt_bias, initial_state, out,
+                                         ssm_state_indices)
     if variant == "helion" and not (_is_pow2(K) and _is_pow2(V)):
         raise ValueError(
             "Helion GDN decode requires power-of-two key and value head dimensions "

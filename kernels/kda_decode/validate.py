@@ -13,7 +13,7 @@ def _is_pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
-def validate_packed_decode_inputs(
+def validate_packed_layout(
     mixed_qkv: torch.Tensor,
     a: torch.Tensor,
     b: torch.Tensor,
@@ -22,16 +22,8 @@ def validate_packed_decode_inputs(
     initial_state: torch.Tensor,
     out: torch.Tensor,
     ssm_state_indices: torch.Tensor,
-    variant: Variant = "triton",
-) -> tuple[int, int, int, int, int]:
-    """Raise the contract's ValueError for the first failing check; return (B, H, HV, K, V).
-
-    Checks 1-22 in contract order; variant ``helion`` adds check 14. Degenerate sizes
-    are rejected too: HV or V of 0 fail check 20 (no value segment), K of 0 fails
-    check 21 (nothing is divisible by 0).
-    """
-    if variant not in ("helion", "triton"):
-        raise ValueError(f"unknown contract variant {variant!r}; expected 'helion' or 'triton'.")
+) -> tuple[int, int, int, int]:
+    """Checks 1-13, shared by the packed decode families; return (B, HV, V, K)."""
     if mixed_qkv.ndim != 2:
         raise ValueError(f"`mixed_qkv` must be a 2D tensor (got ndim={mixed_qkv.ndim}).")
     if mixed_qkv.stride(-1) != 1:
@@ -74,6 +66,30 @@ def validate_packed_decode_inputs(
     if initial_state.stride(-1) != 1:
         raise ValueError("`initial_state` must be contiguous in the last dim.")
     HV, V, K = initial_state.shape[-3:]
+    return B, HV, V, K
+
+
+def validate_packed_decode_inputs(
+    mixed_qkv: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    initial_state: torch.Tensor,
+    out: torch.Tensor,
+    ssm_state_indices: torch.Tensor,
+    variant: Variant = "triton",
+) -> tuple[int, int, int, int, int]:
+    """Raise the contract's ValueError for the first failing check; return (B, H, HV, K, V).
+
+    Checks 1-22 in contract order; variant ``helion`` adds check 14. Degenerate sizes
+    are rejected too: HV or V of 0 fail check 20 (no value segment), K of 0 fails
+    check 21 (nothing is divisible by 0).
+    """
+    if variant not in ("helion", "triton"):
+        raise ValueError(f"unknown contract variant {variant!r}; expected 'helion' or 'triton'.")
+    B, HV, V, K = validate_packed_layout(mixed_qkv, a, b, A_log, dt_bias, initial_state, out,
+                                         ssm_state_indices)
     if variant == "helion" and not (_is_pow2(K) and _is_pow2(V)):
         raise ValueError(
             "Helion KDA decode requires power-of-two key and value head dimensions "
