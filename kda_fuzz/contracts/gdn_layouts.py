@@ -12,8 +12,6 @@ KDA checks 15-18 re-aimed at GDN's two checks 15 (``a``/``b`` width) and 16
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Callable
 from dataclasses import replace
 
 import torch
@@ -81,46 +79,13 @@ def breakages(variant: str) -> tuple[Breakage, ...]:
 
 def broken_arms(variant: str) -> list[tuple[str, tuple[str, ...]]]:
     """Each breakage alone, then one pair per two consecutive checks."""
-    options = breakages(variant)
-    arms = [(b.name, (b.name,)) for b in options]
-    checks = sorted({b.check for b in options if b.check is not None})
-
-    def tensor(name: str) -> str:
-        return name.split(":")[-1]
-
-    for first, second in itertools.pairwise(checks):
-        pairs = [(a.name, b.name) for a in options if a.check == first
-                 for b in options if b.check == second and tensor(a.name) != tensor(b.name)]
-        if pairs:
-            arms.append(("+".join(pairs[0]), pairs[0]))
-    return arms
+    return kl.arms_of(breakages(variant))
 
 
-@st.composite
-def broken_cases(draw: Callable, variant: str, *, budget: int = 4096, device: str = "cpu",
-                 only: tuple[str, ...] | str | None = None, max_breaks: int = 3) -> Case:
+def broken_cases(variant: str, *, budget: int = 4096, device: str = "cpu",
+                 only: tuple[str, ...] | str | None = None, max_breaks: int = 3
+                 ) -> st.SearchStrategy[Case]:
     """A valid small GDN layout with breakages applied: those named by ``only``, else one
     to ``max_breaks`` drawn at random. Size changes (rebuilds) are applied first."""
-    p = draw(kl.layouts(variant, budget=budget, max_b=8, max_spare=4))
-    options = breakages(variant)
-    if only is not None:
-        names = (only,) if isinstance(only, str) else tuple(only)
-        chosen = [b for b in options if b.name in names]
-        if len(chosen) != len(names):
-            raise ValueError(f"unknown breakage in {names!r} for variant {variant!r}")
-    else:
-        n = draw(st.integers(1, max_breaks))
-        chosen = draw(st.lists(st.sampled_from(options), min_size=1, max_size=n,
-                               unique_by=lambda b: b.name))
-    chosen = sorted(chosen, key=lambda b: b.rebuild is None)
-    for brk in chosen:
-        if brk.rebuild is not None:
-            p = brk.rebuild(draw, p)
-    case = build(p, variant, device)
-    for brk in chosen:
-        if brk.apply is not None:
-            case = brk.apply(draw, case, p)
-    case.intent = tuple(b.name for b in chosen)
-    case.notes["breakages"] = [b.name for b in chosen]
-    case.notes["semantic"] = any(b.semantic for b in chosen)
-    return case
+    return kl.broken_from(variant, breakages(variant), build, budget=budget, device=device,
+                          only=only, max_breaks=max_breaks)

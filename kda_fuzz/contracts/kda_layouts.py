@@ -631,9 +631,14 @@ def breakages(variant: str) -> tuple[Breakage, ...]:
 def broken_arms(variant: str) -> list[tuple[str, tuple[str, ...]]]:
     """Strata of broken layouts: each breakage alone, then each pair aimed at two
     consecutive checks (so that every adjacent order of checks is exercised)."""
-    options = breakages(variant)
+    return arms_of(breakages(variant))
+
+
+def arms_of(options: tuple[Breakage, ...]) -> list[tuple[str, tuple[str, ...]]]:
+    """``broken_arms`` of any set of breakages (shared by the packed decode families)."""
     arms = [(b.name, (b.name,)) for b in options]
     checks = sorted({b.check for b in options if b.check is not None})
+
     def tensor(name: str) -> str:
         return name.split(":")[-1]
 
@@ -645,13 +650,22 @@ def broken_arms(variant: str) -> list[tuple[str, tuple[str, ...]]]:
     return arms
 
 
-@st.composite
-def broken_cases(draw: Callable, variant: str, *, budget: int = 4096, device: str = "cpu",
-                 only: tuple[str, ...] | str | None = None, max_breaks: int = 3) -> Case:
+def broken_cases(variant: str, *, budget: int = 4096, device: str = "cpu",
+                 only: tuple[str, ...] | str | None = None, max_breaks: int = 3
+                 ) -> st.SearchStrategy[Case]:
     """A valid small layout with breakages applied: those named by ``only``, else one to
     ``max_breaks`` drawn at random. Size changes (rebuilds) are applied first."""
+    return broken_from(variant, breakages(variant), build, budget=budget, device=device,
+                       only=only, max_breaks=max_breaks)
+
+
+@st.composite
+def broken_from(draw: Callable, variant: str, options: tuple[Breakage, ...],
+                build: Callable[[KdaLayout, str, str], Case], *, budget: int = 4096,
+                device: str = "cpu", only: tuple[str, ...] | str | None = None,
+                max_breaks: int = 3) -> Case:
+    """``broken_cases`` over any breakages and layout builder (shared by the families)."""
     p = draw(layouts(variant, budget=budget, max_b=8, max_spare=4))
-    options = breakages(variant)
     if only is not None:
         names = (only,) if isinstance(only, str) else tuple(only)
         chosen = [b for b in options if b.name in names]
