@@ -101,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the campaign's plan as N supervised processes, each with its "
                         "share of the breakage strata and compile families (auto: 8 per "
                         "GPU on cuda, one per core on cpu; default 1)")
+    f.add_argument("--shard", default=None, metavar="I/N",
+                   help="run shard I of N of the campaign: N shards of --max-examples each "
+                        "split one campaign of N times the examples (same --seed, default "
+                        "0, and options), each example run by exactly one shard")
     r = sub.add_parser("replay", help="replay saved corpus files against a target")
     _common(r)
     r.add_argument("paths", nargs="+", metavar="PATH", help="corpus files or folders")
@@ -197,6 +201,7 @@ def _fuzz(args: argparse.Namespace) -> int:
         raise UsageError("--timeout must be positive")
     if args.max_seconds is not None and args.max_seconds <= 0:
         raise UsageError("--max-seconds must be positive")
+    shard = _shard(args)
     _prepare_device(args.device)
     targets = _targets(args, contract)
     peers = _peers(args, contract)
@@ -206,6 +211,12 @@ def _fuzz(args: argparse.Namespace) -> int:
         valid_share=args.valid_share, max_seconds=args.max_seconds,
         max_failures=args.max_failures, messages=args.messages, strict=args.strict,
         history=bool(args.report), **_shaping(args))
+    if shard is not None:  # the plan of the whole campaign, this shard's share of it
+        from .shard import DEFAULT_SEED
+
+        options.update(max_examples=args.max_examples * shard.count,
+                       shard=(shard.index, shard.count),
+                       seed=DEFAULT_SEED if args.seed is None else args.seed)
     report_notes = []
     if not args.device.startswith("cuda") and not (args.budget or args.max_b) \
             and not _own_kernels(targets, contract, args.contract):
@@ -217,7 +228,13 @@ def _fuzz(args: argparse.Namespace) -> int:
                 apply(sizing, options)
                 report_notes.append(f"{t.name}: {sizing.note()}")
                 print(f"kda-fuzz: {t.name}: {sizing.note()}", file=sys.stderr)
-    with Progress(args.max_examples, enabled=not args.json) as progress:
+    share = None
+    if shard is not None:
+        from .shard import share_of
+
+        share = share_of(contract, args.contract, CampaignOptions(**options), jobs)
+    with Progress(share["examples"] if share else args.max_examples,
+                  enabled=not args.json) as progress:
         if jobs == 1 and args.no_isolate:
             report = campaign(contract, args.contract, targets, on_example=progress.update,
                               minimize=_minimizer(contract, args.shrink_seconds), peers=peers,
@@ -243,6 +260,11 @@ def _fuzz(args: argparse.Namespace) -> int:
     corpus = None if args.no_save else args.corpus or _default_corpus()
     if corpus and report.failures:
         _save(report, contract, corpus, args)
+    if share is not None:
+        from .shard import note
+
+        report.extra["shard"] = share
+        report.notes.insert(0, note(share))
     if args.report:
         from .html_report import write_report
 
@@ -250,6 +272,18 @@ def _fuzz(args: argparse.Namespace) -> int:
         print(f"kda-fuzz: report written to {path}", file=sys.stderr)
     _print_report(report, args.json)
     return EXIT_FAILURE if report.failures else EXIT_OK
+
+
+def _shard(args: argparse.Namespace) -> Any:
+    """``--shard I/N`` as a :class:`~kda_fuzz.shard.Shard` (``None`` without it)."""
+    if args.shard is None:
+        return None
+    from .shard import parse_shard
+
+    try:
+        return parse_shard(args.shard)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def _default_corpus() -> str:
