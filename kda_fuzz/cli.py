@@ -1,4 +1,4 @@
-"""The ``kda-fuzz`` command line: ``fuzz`` campaigns and corpus ``replay``."""
+"""The ``kda-fuzz`` command line: ``fuzz`` campaigns, corpus ``replay`` and ``merge``."""
 
 from __future__ import annotations
 
@@ -108,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("replay", help="replay saved corpus files against a target")
     _common(r)
     r.add_argument("paths", nargs="+", metavar="PATH", help="corpus files or folders")
+    from .merge import add_parser as add_merge
+
+    add_merge(sub)
     return parser
 
 
@@ -410,6 +413,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "fuzz":
             return _fuzz(args)
+        if args.command == "merge":
+            from .merge import merge_command
+
+            return merge_command(args)
         return _replay(args)
     except UsageError as e:
         print(f"kda-fuzz: error: {e}", file=sys.stderr)

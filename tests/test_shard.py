@@ -120,7 +120,8 @@ def _distinct(summary: dict) -> set[tuple]:
 
 def test_four_shards_find_what_one_campaign_finds(tmp_path: Path) -> None:
     """A planted bug: 4 shards of 60 examples find the distinct failures that one
-    campaign of 240 finds, run 240 examples between them, and each names its share."""
+    campaign of 240 finds, run 240 examples between them, and each names its share; the
+    four corpora merge into one file per distinct failure."""
     common = ("fuzz", "--target", "tests.mutants:rank_check_and", "--contract", "triton",
               "--seed", "4", "--shrink-seconds", "1")
     single = _run(*common, "--max-examples", "240", "--json", "--no-isolate", "--corpus",
@@ -141,6 +142,12 @@ def test_four_shards_find_what_one_campaign_finds(tmp_path: Path) -> None:
         assert (s["shard"]["index"], s["shard"]["count"]) == (i, 4)
         assert s["shard"]["examples"] == s["examples"] and s["shard"]["plan_examples"] == 240
         assert s["notes"][0].startswith(f"shard {i}/4: {s['examples']} of the campaign's 240")
+    merged = _run("merge", str(tmp_path / "merged"),
+                  *(str(tmp_path / f"shard{i}") for i in range(1, 5)
+                    if (tmp_path / f"shard{i}").exists()), "--json")
+    assert merged.returncode == 0, merged.stderr
+    assert _summary(merged)["failures"] == len(_distinct(whole))
+    assert len(list((tmp_path / "merged").glob("*.json"))) == len(_distinct(whole))
 
 
 def test_text_summary_names_the_share(tmp_path: Path) -> None:
