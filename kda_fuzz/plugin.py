@@ -31,8 +31,6 @@ In a project that opts in:
   and of the ``kda_fuzz_corpus`` ini key; with neither, ``corpus/`` in the rootdir.
   A bad file is a failing item naming the file.
 
-Replay targets of a corpus item, per contract family and variant: ``--kda-corpus-target``
-(repeatable, overrides everything), else ``[tool.kda-fuzz.targets.FAMILY] VARIANT = [...]``.
 Many machines: ``--kda-shard I/N`` runs shard I of N of the session's tests (the collected
 items in node-id order, every N-th from the I-th; the others are deselected), so N CI
 runners split one suite without overlap. ``--kda-example-db URL`` (or ``example_db`` in
@@ -41,6 +39,8 @@ runners split one suite without overlap. ``--kda-example-db URL`` (or ``example_
 example of a property-based test found on one runner is replayed first on the others'
 next run (Hypothesis' reuse phase). Both act whenever they are given.
 
+Replay targets of a corpus item, per contract family and variant: ``--kda-corpus-target``
+(repeatable, overrides everything), else ``[tool.kda-fuzz.targets.FAMILY] VARIANT = [...]``.
 There is no silent fallback to kda-fuzz's own kernels: with no target for the file's
 variant the item fails, naming the target the file was recorded against and the lines to
 add to pyproject.toml. When a file's recorded target (``origin.target``) is not among the
