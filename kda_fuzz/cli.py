@@ -1,4 +1,4 @@
-"""The ``kda-fuzz`` command line: ``fuzz`` campaigns and corpus ``replay``."""
+"""The ``kda-fuzz`` command line: ``fuzz`` campaigns, corpus ``replay`` and ``merge``."""
 
 from __future__ import annotations
 
@@ -104,9 +104,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the campaign's plan as N supervised processes, each with its "
                         "share of the breakage strata and compile families (auto: 8 per "
                         "GPU on cuda, one per core on cpu; default 1)")
+    f.add_argument("--shard", default=None, metavar="I/N",
+                   help="run shard I of N of the campaign: N shards of --max-examples each "
+                        "split one campaign of N times the examples (same --seed, default "
+                        "0, and options), each example run by exactly one shard")
+    f.add_argument("--example-db", default=None, metavar="URL",
+                   help="shared example database: redis://host:port/db or a folder "
+                        "(default: example_db of [tool.kda-fuzz]); its stored failures are "
+                        "replayed first, this run's new ones stored")
     r = sub.add_parser("replay", help="replay saved corpus files against a target")
     _common(r)
     r.add_argument("paths", nargs="+", metavar="PATH", help="corpus files or folders")
+    from .merge import add_parser as add_merge
+
+    add_merge(sub)
     return parser
 
 
@@ -200,15 +211,23 @@ def _fuzz(args: argparse.Namespace) -> int:
         raise UsageError("--timeout must be positive")
     if args.max_seconds is not None and args.max_seconds <= 0:
         raise UsageError("--max-seconds must be positive")
+    shard = _shard(args)
     _prepare_device(args.device, contract)
     targets = _targets(args, contract)
     peers = _peers(args, contract)
     jobs = _jobs(args)
+    db = _example_db(args, contract, [*targets, *peers])
     options = dict(
         device=args.device, max_examples=args.max_examples, seed=args.seed,
         valid_share=args.valid_share, max_seconds=args.max_seconds,
         max_failures=args.max_failures, messages=args.messages, strict=args.strict,
         history=bool(args.report), **_shaping(args, contract))
+    if shard is not None:  # the plan of the whole campaign, this shard's share of it
+        from .shard import DEFAULT_SEED
+
+        options.update(max_examples=args.max_examples * shard.count,
+                       shard=(shard.index, shard.count),
+                       seed=DEFAULT_SEED if args.seed is None else args.seed)
     report_notes = []
     if not args.device.startswith("cuda") and not (args.budget or args.max_b) \
             and not _own_kernels(targets, contract, args.contract):
@@ -220,11 +239,29 @@ def _fuzz(args: argparse.Namespace) -> int:
                 apply(sizing, options)
                 report_notes.append(f"{t.name}: {sizing.note()}")
                 print(f"kda-fuzz: {t.name}: {sizing.note()}", file=sys.stderr)
-    with Progress(args.max_examples, enabled=not args.json) as progress:
+    share = None
+    if shard is not None:
+        from .shard import share_of
+
+        share = share_of(contract, args.contract, CampaignOptions(**options), jobs)
+    replay = None
+    if db is not None:
+        from .exampledb import replay_stored
+
+        replay = replay_stored(db[0], db[1], db[2], contract, args.contract, [*targets, *peers],
+                               device=args.device, isolate=not args.no_isolate,
+                               timeout=args.timeout, messages=args.messages, strict=args.strict)
+    with Progress(share["examples"] if share else args.max_examples,
+                  enabled=not args.json) as progress:
         if jobs == 1 and args.no_isolate:
+            minimize = _minimizer(contract, args.shrink_seconds)
+            if replay is not None:  # stored minimized: not again
+                from .exampledb import skip_replayed
+
+                minimize = skip_replayed(minimize, replay.failures)
             report = campaign(contract, args.contract, targets, on_example=progress.update,
-                              minimize=_minimizer(contract, args.shrink_seconds), peers=peers,
-                              **options)
+                              minimize=minimize, peers=peers, **options)
+            new = _merge_replayed(report, replay)
         else:
             from .parallel import Supervisor, minimize_failures
 
@@ -233,7 +270,8 @@ def _fuzz(args: argparse.Namespace) -> int:
                              options=CampaignOptions(**options), on_example=progress.update,
                              isolate=not args.no_isolate)
             report = sup.run()
-            minimize_failures(contract, report.failures, device=args.device,
+            new = _merge_replayed(report, replay)
+            minimize_failures(contract, new, device=args.device,
                               timeout=args.timeout, shrink_seconds=args.shrink_seconds,
                               workers=min(jobs, 4), messages=args.messages, strict=args.strict)
     report.notes[:0] = report_notes
@@ -246,6 +284,18 @@ def _fuzz(args: argparse.Namespace) -> int:
     corpus = None if args.no_save else args.corpus or _default_corpus()
     if corpus and report.failures:
         _save(report, contract, corpus, args)
+    if share is not None:
+        from .shard import note
+
+        report.extra["shard"] = share
+        report.notes.insert(0, note(share))
+    if db is not None and replay is not None:
+        from .exampledb import save_failures
+
+        replay.saved = save_failures(db[0], db[2], new, seed=report.seed,
+                                     shard=str(shard) if shard else None)
+        report.extra["example_db"] = replay.to_json()
+        report.notes.append(replay.note())
     if args.report:
         from .html_report import write_report
 
@@ -253,6 +303,46 @@ def _fuzz(args: argparse.Namespace) -> int:
         print(f"kda-fuzz: report written to {path}", file=sys.stderr)
     _print_report(report, args.json)
     return EXIT_FAILURE if report.failures else EXIT_OK
+
+
+def _shard(args: argparse.Namespace) -> Any:
+    """``--shard I/N`` as a :class:`~kda_fuzz.shard.Shard` (``None`` without it)."""
+    if args.shard is None:
+        return None
+    from .shard import parse_shard
+
+    try:
+        return parse_shard(args.shard)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def _example_db(args: argparse.Namespace, contract: Any, targets: list[Any]
+                ) -> tuple[Any, str, bytes] | None:
+    """The example database (``--example-db``, else the project's ``example_db``), its
+    URL and the key of this campaign's failures; ``None`` without one."""
+    from .exampledb import ExampleDbError, campaign_key, open_database, resolve
+
+    url = args.example_db
+    if url is None:
+        cfg = _config()
+        if not (cfg.present and cfg.example_db):
+            return None
+        url = resolve(cfg.example_db, cfg.root)
+    try:
+        db = open_database(url)
+    except ExampleDbError as e:
+        raise UsageError(str(e)) from None
+    return db, url, campaign_key(contract.name, args.contract, [t.name for t in targets])
+
+
+def _merge_replayed(report: Any, replay: Any) -> list[Any]:
+    """The campaign's new failures; replayed ones (if any) go first in ``report``."""
+    if replay is None:
+        return list(report.failures)
+    from .exampledb import merge_replayed
+
+    return merge_replayed(report, replay.failures)
 
 
 def _default_corpus() -> str:
@@ -376,6 +466,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "fuzz":
             return _fuzz(args)
+        if args.command == "merge":
+            from .merge import merge_command
+
+            return merge_command(args)
         return _replay(args)
     except UsageError as e:
         print(f"kda-fuzz: error: {e}", file=sys.stderr)

@@ -5,6 +5,8 @@
     [tool.kda-fuzz]
     corpus = ["corpus"]                 # corpus folders, relative to pyproject.toml
     hypothesis_profile = "ci"           # optional: profile the pytest plugin loads
+    example_db = "redis://ci-redis:6379/0"  # optional: shared example database (a URL or
+                                        # a folder; see kda_fuzz/exampledb.py)
 
     [tool.kda-fuzz.targets.kda]         # per contract family, per variant
     helion = ["mypkg.decode:my_kernel"]
@@ -29,7 +31,7 @@ from typing import Any
 
 TABLE = "kda-fuzz"
 DEFAULT_CORPUS = ("corpus",)
-KEYS = ("corpus", "targets", "hypothesis_profile")
+KEYS = ("corpus", "targets", "hypothesis_profile", "example_db")
 
 
 class ConfigError(Exception):
@@ -68,6 +70,7 @@ class Config:
     corpus: tuple[str, ...] = DEFAULT_CORPUS
     targets: Mapping[str, Mapping[str, tuple[str, ...]]] = field(default_factory=dict)
     hypothesis_profile: str | None = None
+    example_db: str | None = None
 
     @property
     def corpus_dirs(self) -> list[Path]:
@@ -107,6 +110,10 @@ def parse(table: Mapping[str, Any], root: Path, path: Path | None = None) -> Con
     profile = table.get("hypothesis_profile")
     if profile is not None and not isinstance(profile, str):
         raise ConfigError(f"{where} hypothesis_profile must be a string, got {profile!r}")
+    example_db = table.get("example_db")
+    if example_db is not None and not (isinstance(example_db, str) and example_db):
+        raise ConfigError(f"{where} example_db must be a non-empty string (a redis:// URL "
+                          f"or a folder), got {example_db!r}")
     raw = table.get("targets", {})
     if not isinstance(raw, dict):
         raise ConfigError(f"{where} targets must be a table of families, got {raw!r}")
@@ -125,7 +132,7 @@ def parse(table: Mapping[str, Any], root: Path, path: Path | None = None) -> Con
                                   "of the form MODULE:CALLABLE")
             targets[family][variant] = specs
     return Config(root=root, path=path, present=True, corpus=corpus, targets=targets,
-                  hypothesis_profile=profile)
+                  hypothesis_profile=profile, example_db=example_db)
 
 
 def load_config(start: Path) -> Config:

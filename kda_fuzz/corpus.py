@@ -767,6 +767,23 @@ def load_case(path: str | os.PathLike[str]) -> tuple[Case, Verdict | None, dict[
         raise CorpusError(p, str(e) or type(e).__name__) from None
 
 
+def parse_case(text: str | bytes, name: str) -> tuple[Case, Verdict | None, dict[str, Any]]:
+    """:func:`load_case` for a corpus document held in memory (an example database's
+    entry), checked by the same rules; ``name`` stands for the path in errors."""
+    try:
+        if len(text) > MAX_FILE_BYTES:
+            raise CorpusError(name, f"entry is {len(text)} bytes (at most {MAX_FILE_BYTES})")
+        doc = json.loads(text, parse_constant=_no_constants)
+    except CorpusError:
+        raise
+    except (json.JSONDecodeError, ValueError, RecursionError, UnicodeDecodeError) as e:
+        raise CorpusError(name, f"invalid JSON (truncated or corrupt?): {e}") from None
+    try:
+        return _decode(Path(name), doc)
+    except (ValueError, TypeError, KeyError, OverflowError, RuntimeError, MemoryError) as e:
+        raise CorpusError(name, str(e) or type(e).__name__) from None
+
+
 # ------------------------------------------------------------------ replay
 
 

@@ -31,6 +31,14 @@ In a project that opts in:
   and of the ``kda_fuzz_corpus`` ini key; with neither, ``corpus/`` in the rootdir.
   A bad file is a failing item naming the file.
 
+Many machines: ``--kda-shard I/N`` runs shard I of N of the session's tests (the collected
+items in node-id order, every N-th from the I-th; the others are deselected), so N CI
+runners split one suite without overlap. ``--kda-example-db URL`` (or ``example_db`` in
+``[tool.kda-fuzz]``) gives the session's Hypothesis settings a shared example database
+(``redis://host:port/db`` or a folder, see :mod:`kda_fuzz.exampledb`): a failing
+example of a property-based test found on one runner is replayed first on the others'
+next run (Hypothesis' reuse phase). Both act whenever they are given.
+
 Replay targets of a corpus item, per contract family and variant: ``--kda-corpus-target``
 (repeatable, overrides everything), else ``[tool.kda-fuzz.targets.FAMILY] VARIANT = [...]``.
 There is no silent fallback to kda-fuzz's own kernels: with no target for the file's
@@ -96,6 +104,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     metavar="MODULE:CALLABLE",
                     help="replay corpus files against this callable instead of the "
                          "configured targets (repeatable)")
+    group.addoption("--kda-shard", default=None, metavar="I/N",
+                    help="run shard I of N of the collected tests (node-id order, every N-th "
+                         "from the I-th; the rest deselected)")
+    group.addoption("--kda-example-db", default=None, metavar="URL",
+                    help="Hypothesis example database shared between runners: "
+                         "redis://host:port/db or a folder (default: example_db of "
+                         "[tool.kda-fuzz])")
     parser.addini("kda_fuzz_corpus", "kda-fuzz: folders whose *.json corpus files are "
                   "replayed as tests (setting it opts the project in)", type="paths", default=[])
     parser.addini("kda_corpus", "kda-fuzz: alias of kda_fuzz_corpus", type="paths", default=[])
@@ -134,6 +149,7 @@ def _resolve(config: pytest.Config) -> State:
 
 @pytest.hookimpl(tryfirst=True)  # before Hypothesis' own, so --hypothesis-profile wins
 def pytest_configure(config: pytest.Config) -> None:
+    _session_shard(config)  # a bad --kda-shard is a usage error, opted in or not
     st = state(config)
     if not st.active:
         return
@@ -167,6 +183,51 @@ def _hypothesis_profiles(cfg: Config) -> None:
             settings.load_profile(chosen)
         except InvalidArgument as e:
             raise pytest.UsageError(f"kda-fuzz: Hypothesis profile: {e}") from None
+
+
+def _session_shard(config: pytest.Config) -> Any:
+    text = config.getoption("--kda-shard", default=None)
+    if text is None:
+        return None
+    from .shard import parse_shard
+
+    try:
+        return parse_shard(text)
+    except ValueError as e:
+        raise pytest.UsageError(f"kda-fuzz: {str(e).replace('--shard', '--kda-shard')}"
+                                ) from None
+
+
+def _example_db_url(config: pytest.Config) -> str | None:
+    url = config.getoption("--kda-example-db", default=None)
+    if url:
+        return str(url)
+    st = state(config)
+    if st.active and st.config.example_db:
+        from .exampledb import resolve
+
+        return resolve(st.config.example_db, st.config.root)
+    return None
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Give the current Hypothesis settings the shared example database (after every
+    ``pytest_configure``, so that it holds over ``--hypothesis-profile`` too)."""
+    url = _example_db_url(session.config)
+    if url is None:
+        return
+    from hypothesis import settings
+
+    from .exampledb import ExampleDbError, open_database
+
+    try:
+        db = open_database(url)
+    except ExampleDbError as e:
+        raise pytest.UsageError(f"kda-fuzz: {str(e).replace('--example-db', '--kda-example-db')}"
+                                ) from None
+    name = f"{settings.get_current_profile_name()}+kda-fuzz-example-db"
+    settings.register_profile(name, database=db)  # the current profile, with the database
+    settings.load_profile(name)
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
@@ -227,13 +288,21 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Without a GPU device selected, GPU tests are deselected (not skipped)."""
-    if not active(config) or kda_device(config).startswith("cuda"):
-        return
-    keep = [it for it in items if "gpu" not in it.keywords]
-    if len(keep) != len(items):
-        config.hook.pytest_deselected(items=[it for it in items if "gpu" in it.keywords])
-        items[:] = keep
+    """Without a GPU device selected, GPU tests are deselected (not skipped); with
+    ``--kda-shard I/N``, the other shards' tests too."""
+    if active(config) and not kda_device(config).startswith("cuda"):
+        keep = [it for it in items if "gpu" not in it.keywords]
+        if len(keep) != len(items):
+            config.hook.pytest_deselected(items=[it for it in items if "gpu" in it.keywords])
+            items[:] = keep
+    shard = _session_shard(config)
+    if shard is not None:
+        order = sorted(range(len(items)), key=lambda i: items[i].nodeid)
+        mine = {i for k, i in enumerate(order) if k % shard.count == shard.index}
+        if len(mine) != len(items):
+            config.hook.pytest_deselected(items=[it for i, it in enumerate(items)
+                                                 if i not in mine])
+            items[:] = [it for i, it in enumerate(items) if i in mine]
 
 
 # ------------------------------------------------------------------ corpus files

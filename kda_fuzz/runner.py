@@ -74,6 +74,7 @@ class Report:
     # With CampaignOptions.history: one record per example, {"t": seconds since the start,
     # "examples": count, "budget": Outcome.budget, "compile": a first call's slow example}
     history: list[dict[str, Any]] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)  # more JSON summary keys (shard, ...)
 
     COUNTERS = ("examples", "rows", "tail_rows", "valid_cases", "broken_cases", "skipped")
 
@@ -157,6 +158,7 @@ class Report:
                                 for c, e, g in self.wording_samples],
             "notes": self.notes,
             "saved": self.saved,
+            **self.extra,
         }
 
 
@@ -179,6 +181,9 @@ class Arm:
     strategy: st.SearchStrategy[Case]
     examples: int
     index: int = 0  # position in the whole campaign's plan (seeds the arm's Hypothesis run)
+    # (r, k): of the arm's Hypothesis run, only examples e with e % k == r are run here (the
+    # others belong to other shards, see kda_fuzz.shard); the run draws all of them
+    share: tuple[int, int] = (0, 1)
 
 
 def deal(arms: list[Arm], job: int, jobs: int) -> list[Arm]:
@@ -322,6 +327,17 @@ class CampaignOptions:
     history: bool = False  # keep per-example records (error budget, timing) in the report
     origin: float | None = None  # time.monotonic() the history's times count from
     job: tuple[int, int] = (0, 1)
+    # (i, n): run shard i (0-based) of n of the campaign's plan (kda_fuzz.shard); with n > 1,
+    # max_examples counts the examples of all n shards together
+    shard: tuple[int, int] = (0, 1)
+
+
+def campaign_plan(contract: Contract, variant: str, o: CampaignOptions) -> list[Arm]:
+    """The whole plan of a campaign with options ``o`` (before it is dealt to jobs)."""
+    return plan(contract, variant, o.max_examples, device=o.device, budget=o.budget,
+                valid_share=o.valid_share, families=o.families, bucket=o.bucket,
+                max_b=o.max_b, seed=o.seed, max_bhv=o.max_bhv, parts=o.job[1],
+                scale_share=o.scale_share, scale_budget=o.scale_budget)
 
 
 class Recorder:
@@ -374,6 +390,8 @@ class Campaign:
         self.seen = seen  # failures kept elsewhere (by the supervisor): repeats here
         self.stopped = ""
         self._pos: list[int] = [0, 0, 0]
+        self._share: tuple[int, int] = (0, 1)
+        self._largest: int | None = None  # the whole plan's largest arm, when sharded
         self._t0 = time.monotonic()
         self._durations: list[float] = []
         self._hard_repeats: Counter = Counter()
@@ -383,10 +401,12 @@ class Campaign:
     def arms(self) -> list[Arm]:
         """This job's share of the campaign's plan."""
         o = self.options
-        arms = plan(self.contract, self.variant, o.max_examples, device=o.device,
-                    budget=o.budget, valid_share=o.valid_share, families=o.families,
-                    bucket=o.bucket, max_b=o.max_b, seed=o.seed, max_bhv=o.max_bhv,
-                    parts=o.job[1], scale_share=o.scale_share, scale_budget=o.scale_budget)
+        arms = campaign_plan(self.contract, self.variant, o)
+        if o.shard[1] > 1:
+            from .shard import shard_arms
+
+            self._largest = max((a.examples for a in arms), default=1)
+            return shard_arms(arms, o.shard, job=o.job, seed=o.seed or 0)
         return deal(arms, *o.job)
 
     def run(self) -> Report:
@@ -399,7 +419,7 @@ class Campaign:
             None if o.max_seconds is None else t0 + o.max_seconds)
         self._deadline = deadline
         arms = self.arms()
-        largest = max((a.examples for a in arms), default=1)
+        largest = self._largest or max((a.examples for a in arms), default=1)
         with _global_constants_only():
             self._run_rounds(arms, largest, deadline)
         self.recorder.progress(END)
@@ -430,6 +450,7 @@ class Campaign:
             raise h.error from None
 
     def _run_arm(self, arm: Arm, n: int, rounds: int) -> None:
+        self._share = arm.share
         test = settings(
             max_examples=n, database=None, deadline=None, phases=(Phase.generate,),
             suppress_health_check=list(HealthCheck), print_blob=False,
@@ -440,6 +461,8 @@ class Campaign:
     def _body(self, case: Case) -> None:
         pos: Position = (self._pos[0], self._pos[1], self._pos[2])
         self._pos[2] += 1
+        if pos[2] % self._share[1] != self._share[0]:
+            return  # another shard's example (drawn all the same: the draws stay aligned)
         if pos < self.resume_at:
             return  # fast-forward: this example ran before the resume point
         try:
