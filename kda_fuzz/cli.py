@@ -193,7 +193,7 @@ def _contract(args: argparse.Namespace) -> Any:
 
 def _fuzz(args: argparse.Namespace) -> int:
     from .progress import Progress
-    from .runner import CampaignOptions, campaign
+    from .runner import CampaignOptions, campaign, share_of
 
     contract = _contract(args)
     args.contract = args.contract or contract.variants[0]
@@ -241,8 +241,6 @@ def _fuzz(args: argparse.Namespace) -> int:
                 print(f"kda-fuzz: {t.name}: {sizing.note()}", file=sys.stderr)
     share = None
     if shard is not None:
-        from .shard import share_of
-
         share = share_of(contract, args.contract, CampaignOptions(**options), jobs)
     replay = None
     if db is not None:

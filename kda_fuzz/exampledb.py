@@ -43,6 +43,17 @@ from typing import Any
 
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
+from .corpus import (
+    FLAKY_RUNS,
+    CaseTooLarge,
+    CorpusError,
+    encode_entry,
+    parse_case,
+    passed,
+    replay_entry,
+)
+from .isolate import IsolatedTarget
+from .oracle import run_case
 from .runner import Failure, Minimizer, Report, Target
 
 REPLAYED_NOTE = "replayed from the example database"
@@ -145,10 +156,6 @@ def replay_stored(db: ExampleDatabase, url: str, key: bytes, contract: Any, vari
                   strict: bool = False) -> Replay:
     """Replay every entry stored under ``key`` on ``targets``; the failures that come back,
     one per distinct failure (the smallest entry showing it), in :class:`Replay`."""
-    from .corpus import FLAKY_RUNS, CorpusError, parse_case, passed, replay_entry
-    from .isolate import IsolatedTarget
-    from .oracle import run_case
-
     out = Replay(url, key)
     loaded = []
     for value in _stored(db, key):
@@ -238,8 +245,6 @@ def save_failures(db: ExampleDatabase, key: bytes, failures: Sequence[Failure], 
                   seed: int | None, shard: str | None = None) -> int:
     """Store each failure's case (its corpus document) under ``key``; returns how many
     were stored (a case over the corpus size cap is not)."""
-    from .corpus import CaseTooLarge, encode_entry
-
     n = 0
     for f in failures:
         origin = {"target": f.target, "seed": seed, "tool": "kda-fuzz fuzz",

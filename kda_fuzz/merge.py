@@ -35,6 +35,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .atomic import write_atomic
+from .contracts import get_contract
+from .corpus import CorpusError, corpus_files, load_case
+from .oracle import expectation
+
 EXIT_OK, EXIT_USAGE = 0, 2
 
 
@@ -91,8 +96,6 @@ def recorded_expectation(kind: str, verdict: Any) -> tuple[bool, int | None, str
 
 def stale_reason(contract: Any, case: Any, kind: str, verdict: Any) -> str | None:
     """Why the file's recorded expectation is not what ``contract`` prescribes now."""
-    from .oracle import expectation
-
     rec = recorded_expectation(kind, verdict)
     if rec is None:
         return None
@@ -115,9 +118,6 @@ def stale_reason(contract: Any, case: Any, kind: str, verdict: Any) -> str | Non
 
 
 def _classify(path: Path, in_out: bool, result: MergeResult) -> Entry | None:
-    from .contracts import get_contract
-    from .corpus import CorpusError, load_case
-
     try:
         case, verdict, meta = load_case(path)
         contract = get_contract(case.contract)
@@ -149,9 +149,6 @@ def merge(out: str | os.PathLike[str], inputs: list[str | os.PathLike[str]]) -> 
     """Merge the corpora ``inputs`` into ``out`` (see the module docstring). Raises
     ``FileNotFoundError`` for an input that does not exist, ``NotADirectoryError`` for an
     ``out`` that is not a folder."""
-    from .atomic import write_atomic
-    from .corpus import corpus_files
-
     out_dir = Path(out)
     if out_dir.exists() and not out_dir.is_dir():
         raise NotADirectoryError(f"{out_dir} is not a folder")

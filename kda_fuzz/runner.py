@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from .case import Case, fingerprint
 from .contract import Contract
 from .oracle import Messages, Outcome, expectation, run_case, run_peers
+from .shard import NOMINAL_SCALE_BUDGET, Shard, describe, shard_arms
 from .targets import Target, TargetError, check_signature, default_targets, load_target
 from .verdict import Verdict
 
@@ -403,8 +404,6 @@ class Campaign:
         o = self.options
         arms = campaign_plan(self.contract, self.variant, o)
         if o.shard[1] > 1:
-            from .shard import shard_arms
-
             self._largest = max((a.examples for a in arms), default=1)
             return shard_arms(arms, o.shard, job=o.job, seed=o.seed or 0)
         return deal(arms, *o.job)
@@ -594,6 +593,19 @@ class Campaign:
 
 
 HARD_REPEATS = 5  # the same crash or hang this many times more ends a job's campaign
+
+
+def share_of(contract: Contract, variant: str, options: CampaignOptions, jobs: int
+             ) -> dict[str, Any]:
+    """:func:`kda_fuzz.shard.describe` of the shard ``options.shard`` of the plan that
+    ``jobs`` supervised jobs draw with ``options``. Computed without initialising a GPU: a
+    scale budget left to the jobs (their free memory) is taken as large, which gives the
+    same arms whenever any scale case fits."""
+    o = replace(options, job=(0, jobs),
+                families=max(options.families, jobs) if options.families else 0)
+    if o.scale_budget is None and str(o.device).startswith("cuda"):
+        o = replace(o, scale_budget=NOMINAL_SCALE_BUDGET)
+    return describe(campaign_plan(contract, variant, o), Shard(*o.shard), o.seed or 0)
 
 
 @contextlib.contextmanager

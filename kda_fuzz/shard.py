@@ -26,9 +26,10 @@ from __future__ import annotations
 import hashlib
 import random
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .runner import Arm
+if TYPE_CHECKING:  # arms are only passed through and replaced here
+    from .runner import Arm
 
 DEFAULT_SEED = 0  # a sharded campaign without --seed: every shard must draw the same plan
 
@@ -147,17 +148,3 @@ def note(info: dict[str, Any]) -> str:
 
 
 NOMINAL_SCALE_BUDGET = 1 << 40  # plan structure on cuda without touching the device
-
-
-def share_of(contract: Any, variant: str, options: Any, jobs: int) -> dict[str, Any]:
-    """:func:`describe` of the shard ``options.shard`` of the plan that ``jobs`` supervised
-    jobs draw with ``options`` (a :class:`~kda_fuzz.runner.CampaignOptions`). Computed
-    without initialising a GPU: a scale budget left to the jobs (their free memory) is
-    taken as large, which gives the same arms whenever any scale case fits."""
-    from .runner import campaign_plan
-
-    o = replace(options, job=(0, jobs),
-                families=max(options.families, jobs) if options.families else 0)
-    if o.scale_budget is None and str(o.device).startswith("cuda"):
-        o = replace(o, scale_budget=NOMINAL_SCALE_BUDGET)
-    return describe(campaign_plan(contract, variant, o), Shard(*o.shard), o.seed or 0)
