@@ -230,7 +230,6 @@ class Contract:
     cross_judge: Callable[..., Any] | None = None  # peer mode: two targets' outputs agree
     exception: type[Exception] = ValueError
     doc: str = ""
-    extras: Mapping[str, Any] = field(default_factory=dict)
     scalars: Mapping[str, ScalarKind] = field(default_factory=dict)
     default_targets: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     reference_target: str | None = None
