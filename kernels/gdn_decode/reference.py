@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from ..kda_decode.reference import SOFTPLUS_THRESHOLD, delta_rule, packed_rows, write_back
 from .validate import validate_gdn_packed_decode_inputs
-
-SOFTPLUS_THRESHOLD = 20.0
-L2NORM_EPS = 1e-6
 
 
 def gdn_decode_terms(
@@ -36,19 +34,8 @@ def gdn_decode_terms(
 
     Inputs are not validated; nothing is written."""
     cd = compute_dtype
-    HV, V, K = initial_state.shape[-3:]
-    idx = ssm_state_indices.to(torch.long)
-    rows = (idx >= 0).nonzero().squeeze(1)
-    slots = idx[rows]
-    R = rows.numel()
-
-    qkv = mixed_qkv[rows].to(cd)
-    q = qkv[:, : H * K].reshape(R, H, K).repeat_interleave(HV // H, dim=1)
-    k = qkv[:, H * K : 2 * H * K].reshape(R, H, K).repeat_interleave(HV // H, dim=1)
-    v = qkv[:, 2 * H * K : 2 * H * K + HV * V].reshape(R, HV, V)
-    if use_qk_l2norm_in_kernel:
-        q = q / torch.sqrt((q * q).sum(-1, keepdim=True) + L2NORM_EPS)
-        k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + L2NORM_EPS)
+    rows, slots, q, k, v = packed_rows(mixed_qkv, ssm_state_indices, initial_state, H,
+                                       use_qk_l2norm_in_kernel, cd)
 
     a_rows = a[rows].to(cd)  # [R, HV]
     dt = dt_bias.to(cd)  # [HV]
@@ -59,10 +46,7 @@ def gdn_decode_terms(
     beta = torch.sigmoid(b[rows].to(cd))  # [R, HV]
 
     S0 = initial_state[slots].to(cd)  # [R, HV, V, K]
-    S_dec = S0 * torch.exp(g)[:, :, None, None]
-    r = beta.unsqueeze(-1) * (v - torch.einsum("rhvk,rhk->rhv", S_dec, k))
-    S = S_dec + r.unsqueeze(-1) * k.unsqueeze(2)
-    o = torch.einsum("rhvk,rhk->rhv", S, q) * scale
+    S_dec, S, o = delta_rule(S0, torch.exp(g)[:, :, None, None], q, k, v, beta, scale)
     return {"rows": rows, "slots": slots, "q": q, "k": k, "v": v, "a": a_rows, "dt_bias": dt,
             "A": A, "g": g, "beta": beta, "S0": S0, "S_dec": S_dec, "S": S, "o": o}
 
@@ -91,7 +75,4 @@ def reference_gdn_packed_decode(
     )
     t = gdn_decode_terms(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state,
                          ssm_state_indices, use_qk_l2norm_in_kernel, H, compute_dtype)
-    out.zero_()
-    out[t["rows"], 0] = t["o"].to(out.dtype)
-    initial_state[t["slots"]] = t["S"].to(initial_state.dtype)
-    return out, initial_state
+    return write_back(t, out, initial_state)
