@@ -7,10 +7,9 @@ were not given, the target runs probe layouts of the contract (``Contract.probe`
 row, ``PROBE_ROWS`` rows, and ``PROBE_ROWS`` wider rows) in an isolated worker; the
 differences give its cost per row and head and per state element (the CPU time of the
 worker's calling thread, fastest of ``REPEATS``, so that a busy machine does not make
-native code look slow). A target that pays
-milliseconds per row and head (an interpreter running one program each) gets, from those, the
-largest B*HV and element budget that keep a valid example within ``EXAMPLE_SECONDS`` (half
-of it for each).
+native code look slow). A target that pays milliseconds per row and head (an interpreter
+running one program each) gets, from those, the largest B*HV and element budget that keep
+a valid example within ``EXAMPLE_SECONDS`` (half of it for each).
 """
 
 from __future__ import annotations
