@@ -36,7 +36,7 @@ GRID_YZ = 65535  # blocks on CUDA grid axes y and z
 INT32 = 2**31  # elements past which int32 offsets wrap
 KINDS = ("bhv", "wide-batch", "big-pool", "qkv-stride", "tails")
 CHUNK = 1 << 26  # elements compared per step by the judge's bit-exact checks
-COPIES = 3  # the inputs, the caller's copy (``Case.materialize``), ``before``
+COPIES = 3  # the inputs (the judge's `before` too), the caller's copy, and one spare
 SAMPLE_ROWS = 2048  # live rows whose math is checked when the full reference is too big
 FULL_LIMIT = 1 << 22  # live state elements (rows * HV * V * K) judged in full (or sampled)
 # The judge's own memory: chunked bit comparisons (a few bytes per CHUNK element) and

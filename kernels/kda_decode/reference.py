@@ -109,7 +109,7 @@ def delta_rule(S0: torch.Tensor, decay: torch.Tensor, q: torch.Tensor, k: torch.
     output ``[R, HV, V]``."""
     S_dec = S0 * decay
     r = beta.unsqueeze(-1) * (v - torch.einsum("rhvk,rhk->rhv", S_dec, k))
-    S = S_dec + r.unsqueeze(-1) * k.unsqueeze(2)
+    S = torch.addcmul(S_dec, r.unsqueeze(-1), k.unsqueeze(2))  # one [R, HV, V, K] pass
     return S_dec, S, torch.einsum("rhvk,rhk->rhv", S, q) * scale
 
 
