@@ -19,14 +19,14 @@ import os
 import time
 import traceback
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
 from .case import Case
 from .contract import Contract
 from .contracts import get_contract
-from .oracle import EnvironmentFailure, Outcome, expectation, run_case
+from .oracle import EnvironmentFailure, Outcome, device_error, expectation, run_case
 from .process import exit_with_parent, how_it_ended
 from .targets import load_target
 from .verdict import Verdict
@@ -60,17 +60,25 @@ def _worker(conn: Connection, family: str, target: str, device: str,
         except EnvironmentFailure as e:
             conn.send(("environment", str(e)))
             continue
-        except Exception:  # the oracle's own error: the parent raises it
-            conn.send(("error", traceback.format_exc()))
+        except Exception as e:
+            if device != "cpu" and device_error(e):  # surfaced while judging
+                _device_fault(conn, expectation(contract, case), e)
+            conn.send(("error", traceback.format_exc()))  # the oracle's own: parent raises
             continue
         if device != "cpu":
             try:
                 torch.cuda.synchronize()
             except Exception as e:  # a sticky CUDA error: this process's context is gone
-                conn.send(Outcome("fail", outcome.expectation, Verdict(
-                    "crash", "device-fault", f"the device faulted: {str(e).splitlines()[0]}")))
-                os._exit(70)
+                _device_fault(conn, outcome.expectation, e)
         conn.send(outcome)
+
+
+def _device_fault(conn: Any, exp: Any, error: BaseException) -> NoReturn:
+    """Report the device's fault as the target's crash and end this worker (its CUDA
+    context is gone)."""
+    conn.send(Outcome("fail", exp, Verdict(
+        "crash", "device-fault", f"the device faulted: {str(error).splitlines()[0]}")))
+    os._exit(70)
 
 
 class IsolatedTarget:

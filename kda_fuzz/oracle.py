@@ -42,6 +42,14 @@ class EnvironmentFailure(Exception):
     execute a kernel on this device, a device that is gone): never a verdict."""
 
 
+def device_error(error: BaseException) -> bool:
+    """Whether ``error`` is the device's (a CUDA fault, sticky for the process): launches
+    are asynchronous, so a target's fault may surface in the judge's first read."""
+    accel = getattr(torch, "AcceleratorError", None)
+    return (accel is not None and isinstance(error, accel)) or (
+        isinstance(error, RuntimeError) and "CUDA error" in str(error))
+
+
 def _environment_cause(error: BaseException, case: Case, contract: Contract) -> str | None:
     """Why ``error`` is the execution environment's rather than the target's, if it is."""
     if any(t.device.type == "cuda" for t in case.tensors.values()):
@@ -141,7 +149,8 @@ def run_case(contract: Contract, case: Case, target: Callable[..., Any], *,
     hardened contract's exception there. ``guard`` wraps the target's call alone (the
     campaign's flight recorder). ``budget``: also report the error budget used, where the
     contract's judge can (``Outcome.budget``). Raises :class:`EnvironmentFailure` when the
-    call failed in the execution machinery rather than in the target."""
+    call failed in the execution machinery rather than in the target, and a device fault
+    (:func:`device_error`) that surfaces after the target returned."""
     exp = expectation(contract, case)
     if exp.ok and case.notes.get("semantic"):
         return Outcome("gap", exp, note="the contract accepts a layout broken by "
@@ -197,6 +206,8 @@ def run_case(contract: Contract, case: Case, target: Callable[..., Any], *,
     except torch.OutOfMemoryError:
         return Outcome("skip", exp, note=f"{OUT_OF_MEMORY} (in the oracle)")
     except Exception as e:  # e.g. the target resized or re-typed the caller's tensors
+        if device_error(e):  # the target's asynchronous fault: the caller's to report
+            raise
         return Outcome("fail", exp, Verdict(
             "mismatch", "outputs-unreadable",
             f"the oracle could not read the caller's tensors after the call: "

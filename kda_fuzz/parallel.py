@@ -35,12 +35,12 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing import connection
-from typing import Any
+from typing import Any, NoReturn
 
 from .contracts import get_contract
 from .isolate import IsolatedTarget
 from .minimize import minimize_with_verdict
-from .oracle import EnvironmentFailure
+from .oracle import EnvironmentFailure, device_error
 from .process import exit_with_parent, how_it_ended
 from .runner import (
     HARD_REPEATS,
@@ -142,15 +142,33 @@ class _SharedRecorder(Recorder):
         r[SINCE] = time.monotonic()
         r[STATE] = CALLING
         yield
-        if self.device.startswith("cuda"):  # an asynchronous fault belongs to the target
-            import torch
+        if not self.device.startswith("cuda"):
+            r[STATE] = JUDGING
+        # on cuda the call stays the target's until ``settle`` has seen the device finish
+        # its launches: no sync here (each costs a time slice on a GPU shared by jobs)
 
-            try:
-                torch.cuda.synchronize()
-            except Exception as e:  # the CUDA context is gone: report, then die here
-                r[STATE] = FAULTED
-                raise _DeviceFault(str(e).splitlines()[0]) from e
-        r[STATE] = JUDGING
+    @contextmanager
+    def settle(self) -> Any:
+        if not (self.flight and self.device.startswith("cuda")):
+            yield
+            return
+        import torch
+
+        try:
+            yield
+        except Exception as e:
+            if device_error(e):
+                self._fault(e)
+            raise
+        try:
+            torch.cuda.synchronize()  # the judge's read usually left nothing to wait for
+        except Exception as e:
+            self._fault(e)
+        self.record[STATE] = JUDGING
+
+    def _fault(self, error: BaseException) -> NoReturn:
+        self.record[STATE] = FAULTED  # the CUDA context is gone: report, then die here
+        raise _DeviceFault(str(error).splitlines()[0]) from error
 
     def progress(self, position: Position) -> None:
         self.record[STATE] = IDLE

@@ -346,6 +346,12 @@ class Recorder:
     crash or hang from the fuzzer's own (the in-process default records nothing)."""
 
     def call(self, position: Position, target: int) -> contextlib.AbstractContextManager[Any]:
+        """Wraps one target call."""
+        return contextlib.nullcontext()
+
+    def settle(self) -> contextlib.AbstractContextManager[Any]:
+        """Wraps one case's call and judging: where a device fault the target caused
+        (launches are asynchronous) surfaces, at the latest when it ends."""
         return contextlib.nullcontext()
 
     def progress(self, position: Position) -> None:
@@ -511,9 +517,11 @@ class Campaign:
 
     def _judge(self, pos: Position, index: int, case: Case, target: Target,
                budget: bool = False) -> Outcome:
-        return run_case(self.contract, case, target.fn, messages=self.options.messages,
-                        strict=self.options.strict, guard=lambda: self.recorder.call(pos, index),
-                        budget=budget and self.options.history)
+        with self.recorder.settle():
+            return run_case(self.contract, case, target.fn, messages=self.options.messages,
+                            strict=self.options.strict,
+                            guard=lambda: self.recorder.call(pos, index),
+                            budget=budget and self.options.history)
 
     def _remember(self, outcome: Outcome, seconds: float) -> None:
         """One history record; an example ten times slower than the recent median (and

@@ -122,3 +122,46 @@ def test_the_same_seed_draws_the_same_cases_whatever_the_process_imported(
     monkeypatch.syspath_prepend(str(tmp_path))
     __import__("kda_many_constants")
     assert run() == first
+
+
+CUDA_FAULT = "CUDA error: an illegal memory access was encountered"
+
+
+def test_an_asynchronous_device_fault_is_the_targets_crash(monkeypatch) -> None:
+    """On cuda a job does not sync after each target call: a fault the target launched
+    surfaces in the judge's read, and the flight record still names the call and turns it
+    into the target's crash (no 'outputs-unreadable' verdict, no fuzzer error)."""
+    import dataclasses
+
+    import pytest
+    import torch
+
+    from kda_fuzz import oracle
+    from kda_fuzz.contracts.kda_layouts import KdaLayout, build
+    from kda_fuzz.parallel import CALLING, FAULTED, STATE, _DeviceFault, _SharedRecorder
+
+    case = build(KdaLayout(B=2, H=1, HV=1, K=4, V=4, seed=0), "triton")
+    target = load_target(REFERENCE).fn
+
+    def faulting_judge(*args, **kwargs):
+        raise RuntimeError(CUDA_FAULT)
+
+    faulting = dataclasses.replace(KDA, judge=faulting_judge)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        oracle.run_case(faulting, case, target)  # not swallowed as an unreadable output
+
+    record = mp.get_context("spawn").RawArray("d", 6)
+    rec = _SharedRecorder(record, lambda pos: None, "cuda")
+    synced: list[bool] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: synced.append(True))
+    with pytest.raises(_DeviceFault, match="illegal memory access"):
+        with rec.settle():
+            with rec.call((0, 0, 0), 0):
+                assert record[STATE] == CALLING
+            assert record[STATE] == CALLING and not synced  # no sync after the call
+            raise RuntimeError(CUDA_FAULT)
+    assert record[STATE] == FAULTED
+    with rec.settle():  # a clean case: one sync when the judging is over
+        with rec.call((0, 0, 1), 0):
+            pass
+    assert synced == [True] and record[STATE] != CALLING
