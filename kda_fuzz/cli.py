@@ -179,6 +179,29 @@ def _peers(args: argparse.Namespace, contract: Any) -> list[Any]:
         raise UsageError(str(e)) from e
 
 
+def _target_specs(args: argparse.Namespace, contract: Any) -> tuple[list[str], list[str]]:
+    """The ``MODULE:CALLABLE`` names of the targets and peers (nothing imported)."""
+    configured = _config().targets_for(contract.name, args.contract) if args.contract else None
+    specs = args.target or configured or list(contract.default_targets.get(args.contract, ()))
+    return list(specs), list(args.peer or ())
+
+
+def _supervisor(args: argparse.Namespace, names: tuple[list[str], list[str]], jobs: int,
+                options: dict[str, Any]) -> Any:
+    from .parallel import Supervisor
+    from .runner import CampaignOptions
+
+    return Supervisor(args.family, args.contract, names[0], jobs, peers=names[1],
+                      timeout=args.timeout, options=CampaignOptions(**options),
+                      isolate=not args.no_isolate)
+
+
+def _wants_example_db(args: argparse.Namespace) -> bool:
+    """Whether a shared example database is named (its replay comes first)."""
+    cfg = _config()
+    return args.example_db is not None or bool(cfg.present and cfg.example_db)
+
+
 def _contract(args: argparse.Namespace) -> Any:
     from .contracts import get_contract
 
@@ -213,10 +236,7 @@ def _fuzz(args: argparse.Namespace) -> int:
         raise UsageError("--max-seconds must be positive")
     shard = _shard(args)
     _prepare_device(args.device, contract)
-    targets = _targets(args, contract)
-    peers = _peers(args, contract)
     jobs = _jobs(args)
-    db = _example_db(args, contract, [*targets, *peers])
     options = dict(
         device=args.device, max_examples=args.max_examples, seed=args.seed,
         valid_share=args.valid_share, max_seconds=args.max_seconds,
@@ -228,6 +248,21 @@ def _fuzz(args: argparse.Namespace) -> int:
         options.update(max_examples=args.max_examples * shard.count,
                        shard=(shard.index, shard.count),
                        seed=DEFAULT_SEED if args.seed is None else args.seed)
+    early = None
+    if args.device.startswith("cuda") and not (jobs == 1 and args.no_isolate) \
+            and not _wants_example_db(args):
+        # cuda campaigns are not calibrated: start the jobs now, so that their imports of
+        # the targets (seconds for a Helion kernel) overlap the checks here
+        early = _supervisor(args, _target_specs(args, contract), jobs, options)
+        early.start()
+    try:
+        targets = _targets(args, contract)
+        peers = _peers(args, contract)
+    except UsageError:
+        if early is not None:
+            early.abort()
+        raise
+    db = _example_db(args, contract, [*targets, *peers])
     report_notes = []
     if not args.device.startswith("cuda") and not (args.budget or args.max_b) \
             and not _own_kernels(targets, contract, args.contract):
@@ -261,12 +296,11 @@ def _fuzz(args: argparse.Namespace) -> int:
                               minimize=minimize, peers=peers, **options)
             new = _merge_replayed(report, replay)
         else:
-            from .parallel import Supervisor, minimize_failures
+            from .parallel import minimize_failures
 
-            sup = Supervisor(args.family, args.contract, [t.name for t in targets], jobs,
-                             peers=[p.name for p in peers], timeout=args.timeout,
-                             options=CampaignOptions(**options), on_example=progress.update,
-                             isolate=not args.no_isolate)
+            sup = early or _supervisor(args, ([t.name for t in targets],
+                                              [p.name for p in peers]), jobs, options)
+            sup.on_example = progress.update
             report = sup.run()
             new = _merge_replayed(report, replay)
             minimize_failures(contract, new, device=args.device,

@@ -282,6 +282,7 @@ class Supervisor:
         self.report = Report(contract, variant, [*self.targets, *self.peers], seed=options.seed)
         self.states: list[_JobState] = []
         self.restarts = 0
+        self._t0 = 0.0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -300,13 +301,16 @@ class Supervisor:
         state.last_message = time.monotonic()
         return state
 
-    def run(self) -> Report:
-        """Run every job to its end; raises ``JobError`` or ``EnvironmentFailure``."""
-        t0 = time.monotonic()
+    def start(self) -> None:
+        """Start the job processes (they import the targets and begin); ``run`` waits for
+        them. Starting early lets the jobs' imports overlap the caller's own checks."""
+        if self.states:
+            return
+        self._t0 = time.monotonic()
         o = self.options
-        o.origin = t0  # the jobs' history times count from here
+        o.origin = self._t0  # the jobs' history times count from here
         if o.max_seconds is not None and o.deadline is None:
-            o.deadline = t0 + o.max_seconds
+            o.deadline = self._t0 + o.max_seconds
         n = self.jobs
         self.states = [
             self._start(Job(j, n, self.contract, self.variant, tuple(self.targets),
@@ -315,6 +319,18 @@ class Supervisor:
                             isolate=self.isolate))
             for j in range(n)
         ]
+
+    def abort(self) -> None:
+        """Stop jobs started by ``start`` without running the campaign."""
+        self.stop.set()
+        for s in self.states:
+            s.proc.kill()
+            s.proc.join(timeout=5)
+
+    def run(self) -> Report:
+        """Run every job to its end; raises ``JobError`` or ``EnvironmentFailure``."""
+        self.start()
+        t0 = self._t0
         try:
             while not all(s.done for s in self.states):
                 self._drain(0.05)

@@ -123,3 +123,20 @@ def test_report_writes_one_self_contained_html_file(tmp_path: Path) -> None:
     assert "padding-row-not-zero" in html and "Error budget" in html
     assert html.count("data:image/png;base64,") >= 3  # checks, error budget, throughput
     assert "http://" not in html and "https://" not in html and "<script" not in html
+
+
+def test_cuda_jobs_start_before_the_target_import_and_stop_on_a_usage_error(
+        monkeypatch, capsys) -> None:
+    """On cuda the jobs start first (their imports of a Helion target overlap the parent's
+    checks); a target that cannot be imported still exits 2 with one line, jobs stopped."""
+    from kda_fuzz import cli, parallel
+
+    calls: list[str] = []
+    monkeypatch.setattr(cli, "_prepare_device", lambda device, contract: None)
+    monkeypatch.setattr(parallel.Supervisor, "start", lambda self: calls.append("start"))
+    monkeypatch.setattr(parallel.Supervisor, "abort", lambda self: calls.append("abort"))
+    assert cli.main(["fuzz", "--device", "cuda", "--jobs", "2", "--no-save",
+                     "--target", "no_such_module:decode"]) == 2
+    assert calls == ["start", "abort"]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no_such_module" in err[0]
