@@ -12,6 +12,7 @@ plan (broken and valid layouts, `--valid-share 0.5`) is reported beside it.
 Prints examples/s and verified rows/s over the wall time of each command.
 
     python benchmarks/gpu_throughput.py [--seconds 60] [--naive-seconds 15] [--jobs auto]
+                                        [--modes ...] [--cli-args '--scale-share 0']
 """
 
 from __future__ import annotations
@@ -90,7 +91,9 @@ def run_cli(mode: str, target: str, variant: str, seconds: float, seed: int, job
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     return {"mode": mode, "examples": summary["examples"], "rows": summary["valid_rows"],
             "wall": wall, "campaign_s": summary["seconds"], "failures": summary["failures"],
-            "notes": summary.get("notes", [])}
+            "notes": summary.get("notes", []),
+            "strata": summary.get("stratum_seconds", {}),
+            "compiling": summary.get("compiling_seconds", 0.0)}
 
 
 def main() -> None:
@@ -104,18 +107,21 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--modes", default="naive,default,no-isolate,plan",
                     help="comma-separated subset of naive, default, no-isolate, plan")
+    ap.add_argument("--cli-args", default="",
+                    help="more arguments for every CLI run, e.g. '--scale-share 0'")
     args = ap.parse_args()
+    more = args.cli_args.split()
     modes = args.modes.split(",")
     rows = []
     if "naive" in modes:
         rows.append(run_naive(args.target, args.contract, args.naive_seconds, args.seed))
     common = (args.target, args.contract, args.seconds, args.seed, args.jobs)
     if "default" in modes:
-        rows.append(run_cli("cli-default", *common, 1.0, []))
+        rows.append(run_cli("cli-default", *common, 1.0, more))
     if "no-isolate" in modes:
-        rows.append(run_cli("cli-no-isolate", *common, 1.0, ["--no-isolate"]))
+        rows.append(run_cli("cli-no-isolate", *common, 1.0, ["--no-isolate", *more]))
     if "plan" in modes:
-        rows.append(run_cli("cli-default-plan", *common, 0.5, []))
+        rows.append(run_cli("cli-default-plan", *common, 0.5, more))
     print(f"target {args.target} on {torch.cuda.get_device_name()}, --jobs {args.jobs}, "
           f"{os.cpu_count()} CPU cores")
     print("ex/s and rows/s are over the wall time of the whole command (start-up, compiles "
@@ -126,6 +132,15 @@ def main() -> None:
         print(f"{r['mode']:18} {r['wall']:7.1f} {r.get('campaign_s', r['wall']):10.1f} "
               f"{r['examples']:9d} {r['examples'] / r['wall']:7.1f} {r['rows']:10d} "
               f"{r['rows'] / r['wall']:10.0f} {r['failures']}")
+    for r in rows:  # where the jobs' time went (summed over jobs)
+        total = sum(r.get("strata", {}).values())
+        if total:
+            shares = ", ".join(f"{k} {100 * v / total:.0f} %" for k, v in r["strata"].items())
+            print(f"{r['mode']:18} time: {shares}; compiling "
+                  f"{100 * r['compiling'] / total:.0f} % ({total:.0f} job-seconds)")
+        for note in r.get("notes", []):
+            if note.startswith("scale stratum"):
+                print(f"{r['mode']:18} {note}")
     by = {r["mode"]: r for r in rows}
     if "cli-default" in by and "cli-no-isolate" in by:
         ratio = (by["cli-default"]["examples"] / by["cli-default"]["wall"]) / max(

@@ -179,6 +179,22 @@ def _peers(args: argparse.Namespace, contract: Any) -> list[Any]:
         raise UsageError(str(e)) from e
 
 
+def _scale_figures(report: Any) -> str:
+    """`; largest B ..., ... s per case (6 % of the jobs' time)` for the scale note."""
+    big = report.scale_largest
+    spent = report.stratum_seconds.get("scale", 0.0)
+    n = sum(report.judged.values())
+    total = sum(report.stratum_seconds.values())
+    out = ""
+    if big:
+        out += (f"; largest B {big['B']:,}, B*HV {big['B*HV']:,}, state pool "
+                f"{big['pool_elements']:,} and mixed_qkv reach {big['qkv_elements']:,} elements")
+    if spent and n and total:
+        out += (f"; {spent / n:.2f} s per scale case, {100 * spent / total:.0f} % of the jobs' "
+                "time")
+    return out
+
+
 def _target_specs(args: argparse.Namespace, contract: Any) -> tuple[list[str], list[str]]:
     """The ``MODULE:CALLABLE`` names of the targets and peers (nothing imported)."""
     configured = _config().targets_for(contract.name, args.contract) if args.contract else None
@@ -312,7 +328,7 @@ def _fuzz(args: argparse.Namespace) -> int:
             f"scale stratum: {report.judged.get('full', 0)} case(s) judged on every live row, "
             f"{report.judged.get('sampled', 0)} on a sample of rows (first and last, the one "
             "naming slot num_slots-1, those around 65,535/65,536 in B and B*HV order, the "
-            "rest at random); every untouched cell checked bit-exactly")
+            "rest at random); every untouched cell checked bit-exactly" + _scale_figures(report))
     corpus = None if args.no_save else args.corpus or _default_corpus()
     if corpus and report.failures:
         _save(report, contract, corpus, args)

@@ -92,6 +92,19 @@ def check_counts(report: Any) -> list[tuple[str, int]]:
     return [(str(k), int(counts.get(k, 0))) for k in keys]
 
 
+def time_shares(report: Any) -> str:
+    """``valid 81 %, broken 14 %, scale 5 %; compiling 12 %`` of the jobs' summed time
+    (compiling: cuda examples ten times slower than the recent median)."""
+    by = dict(getattr(report, "stratum_seconds", {}) or {})
+    total = sum(by.values())
+    if total <= 0:
+        return ""
+    parts = ", ".join(f"{k} {100 * v / total:.0f} %" for k, v in
+                      sorted(by.items(), key=lambda kv: -kv[1]))
+    compiling = getattr(report, "compiling_seconds", 0.0)
+    return parts + (f"; compiling {100 * compiling / total:.0f} %" if compiling else "")
+
+
 def print_summary(report: Any, file: Any = None) -> None:
     """Human-readable summary of a campaign: counts, every check with its count (never-hit
     ones flagged), gaps and failures (with the layout's sizes, dtypes and strides)."""
@@ -103,6 +116,9 @@ def print_summary(report: Any, file: Any = None) -> None:
     t.add_row("valid / broken", f"{report.valid_cases} / {report.broken_cases}"
               + (f" ({report.skipped} valid not judged: result overflows its dtype)"
                  if report.skipped else ""))
+    spent = time_shares(report)
+    if spent:
+        t.add_row("time", spent)
     counts = check_counts(report)
     t.add_row("checks hit", "  ".join(escape(f"{k}:{n}") if n else f"[bold yellow]{escape(k)}:0[/]"
                                       for k, n in counts) or "none")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import random
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -76,8 +76,16 @@ class Report:
     # "examples": count, "budget": Outcome.budget, "compile": a first call's slow example}
     history: list[dict[str, Any]] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)  # more JSON summary keys (shard, ...)
+    # seconds spent per stratum ("broken", "valid", "scale"), summed over jobs
+    stratum_seconds: Counter = field(default_factory=Counter)
+    # cuda: seconds of examples ten times slower than the recent median (first calls of a
+    # shape: compiles)
+    compiling_seconds: float = 0.0
+    # scale stratum: the largest B, B*HV, state pool and mixed_qkv reach (elements) run
+    scale_largest: dict[str, int] = field(default_factory=dict)
 
-    COUNTERS = ("examples", "rows", "tail_rows", "valid_cases", "broken_cases", "skipped")
+    COUNTERS = ("examples", "rows", "tail_rows", "valid_cases", "broken_cases", "skipped",
+                "compiling_seconds")
 
     def record(self, outcome: Outcome, case: Case) -> None:
         """Count one judged example (its first target's outcome)."""
@@ -97,17 +105,24 @@ class Report:
             self.skipped += 1
         if case.notes.get("judged_mode"):
             self.judged[case.notes["judged_mode"]] += 1
+        if case.notes.get("scale"):
+            self._largest(_scale_sizes(case))
         if outcome.wording is not None:
             self.wording[outcome.wording[0]] += 1
             if len(self.wording_samples) < WORDING_SAMPLES:
                 self.wording_samples.append(outcome.wording)
+
+    def _largest(self, sizes: dict[str, int]) -> None:
+        for k, v in sizes.items():
+            self.scale_largest[k] = max(v, self.scale_largest.get(k, 0))
 
     def counters(self) -> dict[str, Any]:
         """The counts alone (what a job sends as progress, and resumes from)."""
         out: dict[str, Any] = {n: getattr(self, n) for n in self.COUNTERS}
         out.update(checks_hit=dict(self.checks_hit), validation_gaps=dict(self.validation_gaps),
                    wording=dict(self.wording), wording_samples=list(self.wording_samples),
-                   judged=dict(self.judged))
+                   judged=dict(self.judged), stratum_seconds=dict(self.stratum_seconds),
+                   scale_largest=dict(self.scale_largest))
         return out
 
     def add_counters(self, c: dict[str, Any]) -> None:
@@ -118,6 +133,8 @@ class Report:
         self.validation_gaps.update(c["validation_gaps"])
         self.wording.update(c["wording"])
         self.judged.update(c.get("judged", {}))
+        self.stratum_seconds.update(c.get("stratum_seconds", {}))
+        self._largest(c.get("scale_largest", {}))
         room = WORDING_SAMPLES - len(self.wording_samples)
         self.wording_samples.extend(c["wording_samples"][:max(0, room)])
 
@@ -151,6 +168,10 @@ class Report:
                 for f in self.failures
             ],
             "seconds": round(self.seconds, 3),
+            # summed over jobs (a campaign of 8 jobs has 8 seconds of them per second)
+            "stratum_seconds": {k: round(v, 3) for k, v in self.stratum_seconds.items()},
+            "compiling_seconds": round(self.compiling_seconds, 3),
+            "scale_largest": dict(self.scale_largest),
             "scale_judged": dict(self.judged),
             "checks_hit": {str(k): v for k, v in sorted(self.checks_hit.items(), key=_check_key)},
             "validation_gaps": dict(self.validation_gaps),
@@ -161,6 +182,16 @@ class Report:
             "saved": self.saved,
             **self.extra,
         }
+
+
+def _scale_sizes(case: Case) -> dict[str, int]:
+    """B, B*HV and the elements the state pool and ``mixed_qkv`` views reach."""
+    qkv, state = case.tensors.get("mixed_qkv"), case.tensors.get("initial_state")
+    if qkv is None or state is None or len(state.shape) < 2 or not qkv.shape:
+        return {}
+    B = qkv.shape[0]
+    return {"B": B, "B*HV": B * state.shape[1], "pool_elements": state.footprint(),
+            "qkv_elements": qkv.footprint()}
 
 
 def _check_key(item: tuple[Any, Any]) -> tuple[int, str]:
@@ -400,7 +431,7 @@ class Campaign:
         self._share: tuple[int, int] = (0, 1)
         self._largest: int | None = None  # the whole plan's largest arm, when sharded
         self._t0 = time.monotonic()
-        self._durations: list[float] = []
+        self._durations: deque[float] = deque(maxlen=50)
         self._hard_repeats: Counter = Counter()
 
     # ------------------------------------------------------------------ running
@@ -461,7 +492,11 @@ class Campaign:
             suppress_health_check=list(HealthCheck), print_blob=False,
         )(given(arm.strategy)(self._body))
         seed = self.options.seed or 0
-        hypothesis_seed((seed * 1009 + arm.index) * 7919 + rounds)(test)()
+        t = time.monotonic()
+        try:
+            hypothesis_seed((seed * 1009 + arm.index) * 7919 + rounds)(test)()
+        finally:
+            self.report.stratum_seconds[arm.name.split(":")[0]] += time.monotonic() - t
 
     def _body(self, case: Case) -> None:
         pos: Position = (self._pos[0], self._pos[1], self._pos[2])
@@ -508,9 +543,13 @@ class Campaign:
             if pair.status == "fail" and pair.verdict is not None:
                 self._failed(case, pair.verdict, Target(f"{main.name} vs {peer.name}", main.fn),
                              confirmed=True)
+        seconds = time.monotonic() - t
+        compiling = self._compiling(seconds)
+        if compiling and self.options.device.startswith("cuda"):  # on cpu: big, not new
+            self.report.compiling_seconds += seconds
         self._count(first, case)
         if self.options.history:
-            self._remember(first, time.monotonic() - t)
+            self._remember(first, compiling)
         if len(self.report.failures) >= self.options.max_failures:
             self.stopped = f"{len(self.report.failures)} distinct failures (--max-failures)"
             raise _Stopped
@@ -523,15 +562,19 @@ class Campaign:
                             guard=lambda: self.recorder.call(pos, index),
                             budget=budget and self.options.history)
 
-    def _remember(self, outcome: Outcome, seconds: float) -> None:
-        """One history record; an example ten times slower than the recent median (and
-        over a quarter second) counts as compiling."""
-        recent = sorted(self._durations[-50:])
+    def _compiling(self, seconds: float) -> bool:
+        """An example ten times slower than the recent median (and over a quarter second)
+        counts as compiling."""
+        recent = sorted(self._durations)
         median = recent[len(recent) // 2] if recent else seconds
         self._durations.append(seconds)
+        return seconds > max(0.25, 10 * median)
+
+    def _remember(self, outcome: Outcome, compiling: bool) -> None:
+        """One history record."""
         self.report.history.append({
             "t": round(time.monotonic() - self._t0, 4), "examples": self.report.examples,
-            "budget": outcome.budget or {}, "compile": seconds > max(0.25, 10 * median)})
+            "budget": outcome.budget or {}, "compile": compiling})
 
     def _count(self, outcome: Outcome, case: Case) -> None:
         self.report.record(outcome, case)

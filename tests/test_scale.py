@@ -329,3 +329,54 @@ def test_out_of_memory_everywhere_draws_no_case(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(scale, "build_scale", build)
     with pytest.raises(UnsatisfiedAssumption):
         scale.build_within_memory(cheapest("bhv"), "triton", "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["helion", "triton"])
+def test_scale_cases_stay_within_a_jobs_share_of_the_device(variant: str,
+                                                           kda_device_name: str) -> None:
+    """Drawn at the default budget of one of 8 jobs, building, running and judging a scale
+    case never takes more device memory than that budget: 8 jobs never exhaust the GPU."""
+    from kda_fuzz.contracts.kda_scale import device_budget, scale_cases
+
+    budget = device_budget(kda_device_name, jobs=8)
+    strategy = scale_cases(variant, kda_device_name, budget)
+    assert strategy is not None, f"no scale case fits {budget / GiB:.1f} GiB"
+    target = default_targets(KDA, variant)[0]
+    peaks: list[float] = []
+
+    @settings(max_examples=6, derandomize=True, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(strategy)
+    def run(case: object) -> None:
+        out = run_case(KDA, case, target.fn)
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - base
+        peaks.append(peak / GiB)
+        assert out.status == "pass", out.verdict
+        assert peak <= budget, (f"{case.describe()}: peak {peak / GiB:.2f} GiB over the "
+                                f"budget of {budget / GiB:.2f} GiB")
+
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    run()
+    print(f"{variant}: budget {budget / GiB:.1f} GiB, peaks {[round(p, 2) for p in peaks]}")
+    assert peaks
+
+
+def test_a_campaign_reports_the_largest_scale_sizes_and_the_strata_time() -> None:
+    """The summary's figures: the largest B, B*HV, pool and mixed_qkv reach the stratum
+    ran, and the time each stratum took (so its share of the campaign can be read)."""
+    from kda_fuzz.cli import _scale_figures
+    from kda_fuzz.runner import campaign, load_target
+
+    target = load_target(KDA.reference_target)  # vectorised: the interpreter would crawl
+    r = campaign(KDA, "triton", [target], device="cpu", max_examples=30, seed=1,
+                 valid_share=1.0, budget=1 << 12, scale_share=0.2, scale_budget=1 << 28)
+    assert sum(r.judged.values()) == 6
+    big = r.scale_largest
+    assert big["B*HV"] >= big["B"] > 0 and big["pool_elements"] > 0
+    assert r.stratum_seconds["scale"] > 0 and r.stratum_seconds["valid"] > 0
+    assert f"B*HV {big['B*HV']:,}" in _scale_figures(r)
+    assert r.to_json()["scale_largest"] == big
