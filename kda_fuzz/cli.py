@@ -187,8 +187,7 @@ def _scale_figures(report: Any) -> str:
     total = sum(report.stratum_seconds.values())
     out = ""
     if big:
-        out += (f"; largest B {big['B']:,}, B*HV {big['B*HV']:,}, state pool "
-                f"{big['pool_elements']:,} and mixed_qkv reach {big['qkv_elements']:,} elements")
+        out += "; largest " + ", ".join(f"{k} {v:,}" for k, v in big.items())
     if spent and n and total:
         out += (f"; {spent / n:.2f} s per scale case, {100 * spent / total:.0f} % of the jobs' "
                 "time")

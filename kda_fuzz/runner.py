@@ -81,7 +81,7 @@ class Report:
     # cuda: seconds of examples ten times slower than the recent median (first calls of a
     # shape: compiles)
     compiling_seconds: float = 0.0
-    # scale stratum: the largest B, B*HV, state pool and mixed_qkv reach (elements) run
+    # scale stratum: the largest of each size its cases report (``notes["scale_sizes"]``)
     scale_largest: dict[str, int] = field(default_factory=dict)
 
     COUNTERS = ("examples", "rows", "tail_rows", "valid_cases", "broken_cases", "skipped",
@@ -105,8 +105,8 @@ class Report:
             self.skipped += 1
         if case.notes.get("judged_mode"):
             self.judged[case.notes["judged_mode"]] += 1
-        if case.notes.get("scale"):
-            self._largest(_scale_sizes(case))
+        if case.notes.get("scale_sizes"):  # the family's labels -> sizes of this case
+            self._largest(case.notes["scale_sizes"])
         if outcome.wording is not None:
             self.wording[outcome.wording[0]] += 1
             if len(self.wording_samples) < WORDING_SAMPLES:
@@ -182,16 +182,6 @@ class Report:
             "saved": self.saved,
             **self.extra,
         }
-
-
-def _scale_sizes(case: Case) -> dict[str, int]:
-    """B, B*HV and the elements the state pool and ``mixed_qkv`` views reach."""
-    qkv, state = case.tensors.get("mixed_qkv"), case.tensors.get("initial_state")
-    if qkv is None or state is None or len(state.shape) < 2 or not qkv.shape:
-        return {}
-    B = qkv.shape[0]
-    return {"B": B, "B*HV": B * state.shape[1], "pool_elements": state.footprint(),
-            "qkv_elements": qkv.footprint()}
 
 
 def _check_key(item: tuple[Any, Any]) -> tuple[int, str]:

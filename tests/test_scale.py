@@ -376,7 +376,7 @@ def test_a_campaign_reports_the_largest_scale_sizes_and_the_strata_time() -> Non
                  valid_share=1.0, budget=1 << 12, scale_share=0.2, scale_budget=1 << 28)
     assert sum(r.judged.values()) == 6
     big = r.scale_largest
-    assert big["B*HV"] >= big["B"] > 0 and big["pool_elements"] > 0
+    assert big["B*HV"] >= big["B"] > 0 and big["state pool elements"] > 0
     assert r.stratum_seconds["scale"] > 0 and r.stratum_seconds["valid"] > 0
     assert f"B*HV {big['B*HV']:,}" in _scale_figures(r)
     assert r.to_json()["scale_largest"] == big

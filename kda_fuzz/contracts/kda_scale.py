@@ -212,7 +212,7 @@ def build_scale(s: ScaleLayout, variant: str, device: str | torch.device = "cpu"
                    for n, (shp, dt, stride) in meta.items()}
         scalars = {"scale": float(p.K**-0.5), "use_qk_l2norm_in_kernel":
                    p.use_qk_l2norm_in_kernel, "lower_bound": p.lower_bound}
-        return Case("kda", variant, tensors, scalars, ("valid",), notes)
+        return _with_sizes(Case("kda", variant, tensors, scalars, ("valid",), notes))
     rows = build(replace(p, spare_slots=0), variant, dev)  # a pool of B slots, random
     gen = torch.Generator(device=dev).manual_seed(p.seed ^ 0x5CA1E)
     idx = _top_indices(s, gen)
@@ -226,7 +226,17 @@ def build_scale(s: ScaleLayout, variant: str, device: str | torch.device = "cpu"
     rows.tensors["ssm_state_indices"] = strided_arg((p.B,), p.idx_dtype, idx, guard=p.guard,
                                                     device=dev)
     rows.notes = notes
-    return rows
+    return _with_sizes(rows)
+
+
+def _with_sizes(case: Case) -> Case:
+    """``notes["scale_sizes"]``: what the campaign's summary reports the largest of."""
+    qkv, state = case.tensors["mixed_qkv"], case.tensors["initial_state"]
+    B = qkv.shape[0]
+    case.notes["scale_sizes"] = {"B": B, "B*HV": B * state.shape[1],
+                                 "state pool elements": state.footprint(),
+                                 "mixed_qkv reach (elements)": qkv.footprint()}
+    return case
 
 
 def scale_cases(variant: str, device: str = "cpu", budget_bytes: int = 1 << 30
