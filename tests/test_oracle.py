@@ -229,7 +229,7 @@ def test_fast_path_agrees_with_the_ordered_diagnosis(layout: Case, corruption: s
     ref = kda.reference64(ref_args)
     if corruption == "overflow" and ref["out"].numel():
         ref["out"].view(-1)[0] = float("inf")
-    masks = kda._masks(case, kwargs, bases, ref)
+    masks = kda._masks(case, kwargs, before, bases, ref)
     fast = kda._all_pass(kwargs, before, bases, ref, masks)
     try:
         slow = kda._diagnose(kwargs, before, bases, ref, masks) is None

@@ -332,21 +332,23 @@ def judge(case: Case, kwargs: dict[str, Any], before: dict[str, torch.Tensor],
     ref_args = {n: case.tensors[n].view(before[n]) for n in case.tensors}
     ref_args.update(case.scalars)
     ref = (reference or reference64)(ref_args)
-    masks = _masks(case, kwargs, after, ref)
+    masks = _masks(case, kwargs, before, after, ref)
     if _all_pass(kwargs, before, after, ref, masks, budget):  # one sync on the common path
         return None
     return _diagnose(kwargs, before, after, ref, masks)
 
 
-def _masks(case: Case, kwargs: dict[str, Any], after: dict[str, torch.Tensor],
-           ref: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Cells of the ``out`` base outside the view (guards), state base cells outside the
-    named slots, and the padding rows."""
+def _masks(case: Case, kwargs: dict[str, Any], before: dict[str, torch.Tensor],
+           after: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]
+           ) -> dict[str, torch.Tensor]:
+    """Cells of the ``out`` base outside the view (guards), the state base's cells that
+    changed outside the named slots (``written``: two passes over the pool), and the
+    padding rows."""
     guard = torch.ones_like(after["out"], dtype=torch.bool)
     case.tensors["out"].view(guard).fill_(False)
-    untouched = torch.ones_like(after["initial_state"], dtype=torch.bool)
-    case.tensors["initial_state"].view(untouched)[ref["slots"]] = False
-    return {"guard": guard, "untouched": untouched, "pad": kwargs["ssm_state_indices"] < 0}
+    written = _bits(after["initial_state"]) != _bits(before["initial_state"])
+    case.tensors["initial_state"].view(written)[ref["slots"]] = False
+    return {"guard": guard, "written": written, "pad": kwargs["ssm_state_indices"] < 0}
 
 
 def _within(got: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor,
@@ -379,8 +381,7 @@ def _all_pass(kwargs: dict[str, Any], before: dict[str, torch.Tensor],
     flags.append(((_bits(after["out"]) == _bits(before["out"])) | ~masks["guard"]).all())
     flags.append(((out == 0).flatten(1).all(1) | ~masks["pad"]).all())
     flags.append(_within(out[ref["rows"], 0], ref["out"], ref["out_bound"], ratios))
-    changed = _bits(after["initial_state"]) != _bits(before["initial_state"])
-    flags.append(~(changed & masks["untouched"]).any())
+    flags.append(~masks["written"].any())
     flags.append(_within(state[ref["slots"]], ref["state"], ref["state_bound"], ratios))
     if ratios is None or budget is None:
         return bool(torch.stack(flags).all())
@@ -429,9 +430,9 @@ def _diagnose(kwargs: dict[str, Any], before: dict[str, torch.Tensor],
                        extra={**v.extra, "state_out_of_tolerance": sx["bad"] if sx else 0})
 
     # state: named slots within bound; every other cell of the pool bit-identical.
-    changed = (_bits(after["initial_state"]) != _bits(before["initial_state"])) & masks["untouched"]
-    if bool(changed.any()):
-        cell = int(changed.nonzero()[0, 0])
+    written = masks["written"]
+    if bool(written.any()):
+        cell = int(written.nonzero()[0, 0])
         return Verdict("mismatch", "untouched-state-written",
                        f"state pool element {cell} of the base buffer, outside every slot named by "
                        f"a non-negative index, changed", output="initial_state", where=[cell])
