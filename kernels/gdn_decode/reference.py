@@ -9,7 +9,13 @@ from __future__ import annotations
 
 import torch
 
-from ..kda_decode.reference import SOFTPLUS_THRESHOLD, delta_rule, packed_rows, write_back
+from ..kda_decode.reference import (
+    SOFTPLUS_THRESHOLD,
+    delta_rule,
+    packed_rows,
+    stored_state,
+    write_back,
+)
 from .validate import validate_gdn_packed_decode_inputs
 
 
@@ -29,8 +35,8 @@ def gdn_decode_terms(
     """The step's intermediates for the rows with a non-negative slot index, in
     ``compute_dtype``: ``rows``, ``slots``, ``q``/``k`` (expanded to HV heads, normalised
     if asked), ``v``, ``a`` ([R, HV]), ``dt_bias`` ([HV]), ``A`` (``exp(A_log)``), ``g``
-    ([R, HV], one gate per value head), ``beta``, ``S0`` (the slots' state), ``S_dec``
-    (decayed), ``S`` (updated) and ``o`` ([R, HV, V]).
+    ([R, HV], one gate per value head), ``beta``, ``S0`` (the slots' state, maybe as
+    stored), ``S_dec`` (decayed), ``S`` (updated) and ``o`` ([R, HV, V]).
 
     Inputs are not validated; nothing is written."""
     cd = compute_dtype
@@ -45,7 +51,7 @@ def gdn_decode_terms(
     g = -A * softplus  # [R, HV]
     beta = torch.sigmoid(b[rows].to(cd))  # [R, HV]
 
-    S0 = initial_state[slots].to(cd)  # [R, HV, V, K]
+    S0 = stored_state(initial_state, slots, cd)  # [R, HV, V, K]
     S_dec, S, o = delta_rule(S0, torch.exp(g)[:, :, None, None], q, k, v, beta, scale)
     return {"rows": rows, "slots": slots, "q": q, "k": k, "v": v, "a": a_rows, "dt_bias": dt,
             "A": A, "g": g, "beta": beta, "S0": S0, "S_dec": S_dec, "S": S, "o": o}

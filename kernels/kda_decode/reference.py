@@ -27,7 +27,8 @@ def decode_terms(
     """The step's intermediates for the rows with a non-negative slot index, in
     ``compute_dtype``: ``rows``, ``slots``, ``q``/``k`` (expanded to HV heads, normalised
     if asked), ``v``, ``a``, ``dt_bias``, ``A`` (``exp(A_log)``), ``g``, ``beta``, ``S0``
-    (the slots' state), ``S_dec`` (decayed), ``S`` (updated) and ``o`` ([R, HV, V]).
+    (the slots' state, possibly as stored: see ``stored_state``), ``S_dec`` (decayed), ``S``
+    (updated) and ``o`` ([R, HV, V]).
 
     Inputs are not validated; nothing is written."""
     cd = compute_dtype
@@ -47,7 +48,7 @@ def decode_terms(
         g = lower_bound * torch.sigmoid(A * x)
     beta = torch.sigmoid(b[rows].to(cd))
 
-    S0 = initial_state[slots].to(cd)  # [R, HV, V, K]
+    S0 = stored_state(initial_state, slots, cd)  # [R, HV, V, K]
     S_dec, S, o = delta_rule(S0, torch.exp(g).unsqueeze(2), q, k, v, beta, scale)
     return {"rows": rows, "slots": slots, "q": q, "k": k, "v": v, "a": a_rows, "dt_bias": dt,
             "A": A, "g": g, "beta": beta, "S0": S0, "S_dec": S_dec, "S": S, "o": o}
@@ -100,6 +101,15 @@ def packed_rows(mixed_qkv: torch.Tensor, ssm_state_indices: torch.Tensor,
         q = q / torch.sqrt((q * q).sum(-1, keepdim=True) + L2NORM_EPS)
         k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + L2NORM_EPS)
     return rows, slots, q, k, v
+
+
+def stored_state(initial_state: torch.Tensor, slots: torch.Tensor,
+                 cd: torch.dtype) -> torch.Tensor:
+    """The slots' states as stored when ``cd`` arithmetic promotes them exactly (the
+    decay's product does the conversion: one pass over [R, HV, V, K] less), else in
+    ``cd``."""
+    S0 = initial_state[slots]
+    return S0 if torch.promote_types(S0.dtype, cd) == cd else S0.to(cd)
 
 
 def delta_rule(S0: torch.Tensor, decay: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
