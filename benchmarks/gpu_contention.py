@@ -1,0 +1,71 @@
+"""How processes sharing one GPU slow each other down: each runs loops of host work,
+tiny kernel launches and host syncs; prints the loops/s of 1, 8 and 16 processes.
+
+A campaign job's example is such a loop (Hypothesis and Python, the judge's launches,
+its device reads); this separates what the host, the launches and the syncs cost.
+
+    python benchmarks/gpu_contention.py [--seconds 4] [--procs 1,8,16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import time
+from typing import Any
+
+import torch
+
+# (host milliseconds, kernels, syncs) per loop
+MIXES = ((5, 0, 0), (5, 250, 3), (5, 250, 1), (5, 250, 0), (5, 120, 2))
+
+
+def _busy(ms: float) -> None:
+    end = time.perf_counter() + ms / 1000
+    x = 0
+    while time.perf_counter() < end:
+        x += sum(i * i for i in range(200))
+
+
+def _worker(host_ms: float, kernels: int, syncs: int, seconds: float, out: Any,
+            start: Any) -> None:
+    x = torch.randn(64, 128, device="cuda", dtype=torch.float64)
+    for _ in range(20):  # warm up the context and the kernels
+        (x * 1.0).sum().item()
+    start.wait()
+    t0, loops = time.perf_counter(), 0
+    while time.perf_counter() - t0 < seconds:
+        _busy(host_ms)
+        y = x
+        for _ in range(kernels):
+            y = y * 1.0001
+        for _ in range(syncs):
+            y.sum().item()
+        loops += 1
+    out.put(loops / (time.perf_counter() - t0))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--seconds", type=float, default=4.0)
+    ap.add_argument("--procs", default="1,8,16")
+    args = ap.parse_args()
+    ctx = mp.get_context("spawn")
+    print(f"{torch.cuda.get_device_name()}; loops/s summed over the processes")
+    for host_ms, kernels, syncs in MIXES:
+        for n in map(int, args.procs.split(",")):
+            out, start = ctx.Queue(), ctx.Barrier(n + 1)
+            procs = [ctx.Process(target=_worker, args=(host_ms, kernels, syncs, args.seconds,
+                                                       out, start)) for _ in range(n)]
+            for p in procs:
+                p.start()
+            start.wait()
+            total = sum(out.get() for _ in procs)
+            for p in procs:
+                p.join()
+            print(f"host {host_ms} ms, {kernels:3d} kernels, {syncs} syncs, {n:2d} processes: "
+                  f"{total:7.0f} loops/s ({1000 * n / total:6.2f} ms per loop and process)")
+
+
+if __name__ == "__main__":
+    main()
