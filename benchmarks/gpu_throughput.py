@@ -24,11 +24,13 @@ import statistics
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 
 from kda_fuzz.contracts import get_contract
+from kda_fuzz.progress import time_shares
 from kda_fuzz.runner import Target, campaign, load_target
 
 
@@ -92,8 +94,8 @@ def run_cli(mode: str, target: str, variant: str, seconds: float, seed: int, job
     return {"mode": mode, "examples": summary["examples"], "rows": summary["valid_rows"],
             "wall": wall, "campaign_s": summary["seconds"], "failures": summary["failures"],
             "notes": summary.get("notes", []),
-            "strata": summary.get("stratum_seconds", {}),
-            "compiling": summary.get("compiling_seconds", 0.0)}
+            "stratum_seconds": summary.get("stratum_seconds", {}),
+            "compiling_seconds": summary.get("compiling_seconds", 0.0)}
 
 
 def main() -> None:
@@ -133,11 +135,10 @@ def main() -> None:
               f"{r['examples']:9d} {r['examples'] / r['wall']:7.1f} {r['rows']:10d} "
               f"{r['rows'] / r['wall']:10.0f} {r['failures']}")
     for r in rows:  # where the jobs' time went (summed over jobs)
-        total = sum(r.get("strata", {}).values())
-        if total:
-            shares = ", ".join(f"{k} {100 * v / total:.0f} %" for k, v in r["strata"].items())
-            print(f"{r['mode']:18} time: {shares}; compiling "
-                  f"{100 * r['compiling'] / total:.0f} % ({total:.0f} job-seconds)")
+        shares = time_shares(SimpleNamespace(**r))
+        if shares:
+            print(f"{r['mode']:18} time: {shares} "
+                  f"({sum(r['stratum_seconds'].values()):.0f} job-seconds)")
         for note in r.get("notes", []):
             if note.startswith("scale stratum"):
                 print(f"{r['mode']:18} {note}")
