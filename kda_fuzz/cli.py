@@ -153,30 +153,21 @@ def _config() -> Any:
 def _targets(args: argparse.Namespace, contract: Any) -> list[Any]:
     """``--target``, else the project's configured targets for the variant, else the
     contract's own kernels."""
-    from .runner import TargetError, check_signature, default_targets, load_target
+    return _loaded(_target_specs(args, contract)[0], contract)
 
-    configured = _config().targets_for(contract.name, args.contract) if args.contract else None
+
+def _loaded(specs: list[str], contract: Any) -> list[Any]:
+    """Each ``MODULE:CALLABLE`` imported and checked against the contract's signature
+    (a usage error when one cannot be)."""
+    from .runner import TargetError, check_signature, load_target
+
     try:
-        specs = args.target or configured
-        targets = ([load_target(t) for t in specs] if specs
-                   else default_targets(contract, args.contract))
+        targets = [load_target(t) for t in specs]
         for t in targets:
             check_signature(t, contract)
     except TargetError as e:
         raise UsageError(str(e)) from e
     return targets
-
-
-def _peers(args: argparse.Namespace, contract: Any) -> list[Any]:
-    from .runner import TargetError, check_signature, load_target
-
-    try:
-        peers = [load_target(p) for p in args.peer or ()]
-        for p in peers:
-            check_signature(p, contract)
-        return peers
-    except TargetError as e:
-        raise UsageError(str(e)) from e
 
 
 def _scale_figures(report: Any) -> str:
@@ -264,15 +255,15 @@ def _fuzz(args: argparse.Namespace) -> int:
                        shard=(shard.index, shard.count),
                        seed=DEFAULT_SEED if args.seed is None else args.seed)
     early = None
+    specs, peer_specs = _target_specs(args, contract)
     if args.device.startswith("cuda") and not (jobs == 1 and args.no_isolate) \
             and not _wants_example_db(args):
         # cuda campaigns are not calibrated: start the jobs now, so that their imports of
         # the targets (seconds for a Helion kernel) overlap the checks here
-        early = _supervisor(args, _target_specs(args, contract), jobs, options)
+        early = _supervisor(args, (specs, peer_specs), jobs, options)
         early.start()
     try:
-        targets = _targets(args, contract)
-        peers = _peers(args, contract)
+        targets, peers = _loaded(specs, contract), _loaded(peer_specs, contract)
     except UsageError:
         if early is not None:
             early.abort()
