@@ -189,7 +189,7 @@ def _target_specs(args: argparse.Namespace, contract: Any) -> tuple[list[str], l
     """The ``MODULE:CALLABLE`` names of the targets and peers (nothing imported)."""
     configured = _config().targets_for(contract.name, args.contract) if args.contract else None
     specs = args.target or configured or list(contract.default_targets.get(args.contract, ()))
-    return list(specs), list(args.peer or ())
+    return list(specs), list(getattr(args, "peer", None) or ())  # replay has no --peer
 
 
 def _supervisor(args: argparse.Namespace, names: tuple[list[str], list[str]], jobs: int,
