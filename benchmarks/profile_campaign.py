@@ -1,6 +1,7 @@
-"""Where one campaign process spends its time: cProfile of an in-process campaign.
+"""Where one campaign process spends its time: cProfile of an in-process campaign, or with
+``--kernels`` (cuda) the device time per example and the kernels that take it.
 
-    python benchmarks/profile_campaign.py [--device cuda] [--seconds 20] [--top 25]
+    python benchmarks/profile_campaign.py [--device cuda] [--seconds 20] [--top 25] [--kernels]
 """
 
 from __future__ import annotations
@@ -8,9 +9,28 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
+from collections import Counter
+from typing import Any
 
 from kda_fuzz.contracts import get_contract
 from kda_fuzz.runner import campaign, load_target
+
+
+def kernel_table(prof: Any, examples: int, wall: float, top: int) -> None:
+    """Device time per example, busy share of the wall time, and the top kernels."""
+    total: Counter[str] = Counter()
+    count: Counter[str] = Counter()
+    for e in prof.events():
+        if e.device_type.name == "CUDA" and e.device_time_total > 0:
+            total[e.name[:90]] += e.device_time_total
+            count[e.name[:90]] += 1
+    busy = sum(total.values()) / 1e6
+    n = sum(count.values())
+    print(f"device: {busy:.2f} s of kernels in {wall:.1f} s wall ({100 * busy / wall:.0f} % "
+          f"busy); {n} kernels, {n / max(1, examples):.0f} per example, "
+          f"{1e3 * busy / max(1, examples):.3f} ms per example")
+    for name, us in total.most_common(top):
+        print(f"{us / 1e3:10.1f} ms {100 * us / 1e6 / busy:5.1f} % {count[name]:8d}x  {name}")
 
 
 def main() -> None:
@@ -22,24 +42,37 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--valid-share", type=float, default=1.0)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--kernels", action="store_true",
+                    help="profile device kernels (torch.profiler) instead of Python (cProfile)")
     args = ap.parse_args()
     cuda = args.device.startswith("cuda")
     shaping = (dict(families=8, bucket=True, max_b=4096, budget=1 << 24) if cuda
                else dict(budget=1 << 13, max_b=64, max_bhv=32))
     target = load_target(args.target)
-    warm = campaign(get_contract("kda"), args.contract, [target], device=args.device,
-                    max_examples=10**7, seed=1, valid_share=args.valid_share,
-                    max_seconds=args.seconds / 2, **shaping)  # compiles out of the way
-    prof = cProfile.Profile()
-    prof.enable()
-    rep = campaign(get_contract("kda"), args.contract, [target], device=args.device,
-                   max_examples=10**7, seed=1, valid_share=args.valid_share,
-                   max_seconds=args.seconds, **shaping)
-    prof.disable()
+
+    def run(seconds: float) -> Any:
+        return campaign(get_contract("kda"), args.contract, [target], device=args.device,
+                        max_examples=10**7, seed=1, valid_share=args.valid_share,
+                        max_seconds=seconds, **shaping)
+
+    warm = run(args.seconds / 2)  # compiles out of the way
+    if args.kernels:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            rep = run(args.seconds)
+    else:
+        cprof = cProfile.Profile()
+        cprof.enable()
+        rep = run(args.seconds)
+        cprof.disable()
     print(f"warm-up {warm.examples} examples; profiled {rep.examples} examples in "
           f"{rep.seconds:.1f} s ({rep.examples / rep.seconds:.1f}/s), {rep.rows} rows")
-    pstats.Stats(prof).sort_stats("cumulative").print_stats(args.top)
-    pstats.Stats(prof).sort_stats("tottime").print_stats(args.top)
+    if args.kernels:
+        kernel_table(prof, rep.examples, rep.seconds, args.top)
+    else:
+        pstats.Stats(cprof).sort_stats("cumulative").print_stats(args.top)
+        pstats.Stats(cprof).sort_stats("tottime").print_stats(args.top)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,119 @@
+"""Where the jobs of a GPU campaign spend their time when they share one device: N
+processes each run their deal of the CLI's cuda plan in-process (as ``--no-isolate``
+jobs do), warm up (compiles), then run under cProfile; the merged profile is printed,
+with the device syncs per example (``torch.cuda.set_sync_debug_mode``) by call site.
+
+    python benchmarks/gpu_jobs_profile.py [--jobs 8] [--warm 20] [--seconds 15] [--top 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import cProfile
+import multiprocessing as mp
+import os
+import pstats
+import tempfile
+import time
+import traceback
+import warnings
+from typing import Any
+
+TARGET = "kda_fuzz_kernels.kda_decode:helion_fused_recurrent_kda_packed_decode"
+
+
+def _job(i: int, n: int, args: argparse.Namespace, out: str, start: Any, census: Any
+         ) -> None:
+    import torch
+
+    from kda_fuzz.contracts import get_contract
+    from kda_fuzz.runner import campaign, load_target
+
+    target = load_target(args.target)
+
+    def run(seconds: float, seed: int) -> Any:
+        shaping = (dict(families=8, bucket=True, max_b=4096, budget=1 << 24)
+                   if args.device == "cuda" else dict(budget=1 << 13, max_b=64, max_bhv=32))
+        return campaign(get_contract("kda"), args.contract, [target], device=args.device,
+                        max_examples=10**7, seed=seed, valid_share=args.valid_share,
+                        max_seconds=seconds, job=(i, n), **shaping)
+
+    run(args.warm, 1)
+    start.wait()
+    prof = cProfile.Profile()
+    prof.enable()
+    rep = run(args.seconds, 1)  # the warm-up's draws again: compiled already
+    prof.disable()
+    prof.dump_stats(f"{out}/job{i}.prof")
+    sites: collections.Counter[str] = collections.Counter()
+    syncs = 0
+    if i == 0 and args.device == "cuda":  # the sync census: job 0 alone, after the others
+        census.wait()
+
+        def note(*_: Any, **__: Any) -> None:
+            nonlocal syncs
+            syncs += 1
+            frames = [f for f in traceback.extract_stack()
+                      if "kda_fuzz" in f.filename or "kernels" in f.filename
+                      or "helion" in f.filename]
+            sites[" < ".join(f"{os.path.basename(f.filename)}:{f.lineno}"
+                             for f in frames[-3:][::-1])] += 1
+
+        warnings.showwarning = note
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        counted = run(args.seconds / 3, 1)
+        torch.cuda.set_sync_debug_mode(0)
+        with open(f"{out}/syncs.txt", "w") as f:
+            f.write(f"{counted.examples} examples, {syncs} syncs "
+                    f"({syncs / max(1, counted.examples):.2f} per example)\n")
+            for site, k in sites.most_common(25):
+                f.write(f"{k / max(1, counted.examples):8.2f}/ex  {site}\n")
+    with open(f"{out}/job{i}.txt", "w") as f:
+        f.write(f"{rep.examples} {rep.rows} {rep.seconds}\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--target", default=TARGET)
+    ap.add_argument("--contract", default="helion")
+    ap.add_argument("--jobs", type=int, default=8)
+    ap.add_argument("--device", default="cuda", help="cuda, or cpu to try the script")
+    ap.add_argument("--warm", type=float, default=20.0)
+    ap.add_argument("--seconds", type=float, default=15.0)
+    ap.add_argument("--valid-share", type=float, default=1.0)
+    ap.add_argument("--top", type=int, default=30)
+    args = ap.parse_args()
+    ctx = mp.get_context("spawn")
+    out = tempfile.mkdtemp()
+    start = ctx.Barrier(args.jobs + 1)
+    census = ctx.Barrier(2)
+    procs = [ctx.Process(target=_job, args=(i, args.jobs, args, out, start, census))
+             for i in range(args.jobs)]
+    for p in procs:
+        p.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for p in procs[1:]:
+        p.join()
+    wall = time.perf_counter() - t0
+    if args.device == "cuda":
+        census.wait()  # job 0 runs the census alone
+    procs[0].join()
+    examples = rows = 0
+    for i in range(args.jobs):
+        e, r, _ = open(f"{out}/job{i}.txt").read().split()
+        examples, rows = examples + int(e), rows + int(r)
+    per = args.jobs * wall / max(1, examples) * 1e3
+    print(f"{args.jobs} jobs, {wall:.1f} s: {examples} examples ({examples / wall:.0f}/s), "
+          f"{rows} rows ({rows / wall:.0f}/s); {per:.1f} ms per example per job")
+    if os.path.exists(f"{out}/syncs.txt"):
+        print(open(f"{out}/syncs.txt").read())
+    stats = pstats.Stats(*[f"{out}/job{i}.prof" for i in range(args.jobs)])
+    stats.sort_stats("tottime").print_stats(args.top)
+    stats.sort_stats("cumulative").print_stats(args.top)
+
+
+if __name__ == "__main__":
+    main()
