@@ -110,30 +110,45 @@ def _fill(gen: torch.Generator, n: int, kind: str, scale: float) -> torch.Tensor
         x = x * mag * (torch.rand(n, generator=gen, dtype=torch.float64, device=dev) > 0.1)
     elif kind == "tiny":
         x = x * 1e-6
-    return x * scale
+    return x if scale == 1.0 else x * scale  # (x * 1.0 is x: one launch less)
 
 
 def strided_arg(shape: tuple[int, ...], dtype: torch.dtype, values: torch.Tensor | None,
                 stride: tuple[int, ...] | None = None, guard: int = 0,
                 device: str | torch.device = "cpu") -> TensorArg:
     """A ``TensorArg`` of ``shape``/``stride`` in a base with ``guard`` sentinel cells each side."""
+    dense = _contiguous(shape)
     if stride is None:
-        stride = torch.empty(shape, device="meta").stride() if shape else ()
+        stride = dense
     foot = footprint(shape, stride)
     size = 2 * guard + foot
     if torch.device(device).type == "meta":
         return TensorArg(torch.empty(size, dtype=dtype, device="meta"), shape, stride, guard)
+    if values is not None and foot and not guard and values.numel() == foot and all(
+            s == d for s, d, n in zip(stride, dense, shape) if n > 1):
+        # a row-major view covering its whole base: no cell is left for a sentinel
+        base = torch.empty(size, dtype=dtype, device=device).copy_(values.reshape(-1))
+        return TensorArg(base, tuple(shape), tuple(stride))
     sentinel = float("nan") if dtype.is_floating_point else INT_SENTINEL
     base = torch.full((size,), sentinel, dtype=dtype, device=device)
     arg = TensorArg(base, tuple(shape), tuple(stride), guard)
     if values is not None and foot:
         if not _overlaps(shape, stride):
-            arg.view().copy_(values.reshape(shape).to(dtype))
+            arg.view().copy_(values.reshape(shape))  # converts to dtype as it copies
         else:  # overlapping view (a zero stride): fill the cells it reaches, in base order
             flat = values.flatten().to(dtype)
             n = min(foot, flat.numel())
             base[guard : guard + n] = flat[:n]
     return arg
+
+
+def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Row-major strides of ``shape``."""
+    out, step = [], 1
+    for n in reversed(shape):
+        out.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(out))
 
 
 def _overlaps(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
@@ -160,9 +175,9 @@ def _indices(p: KdaLayout, gen: torch.Generator) -> torch.Tensor:
     elif p.padding == "all":
         pad[:] = True
     elif p.padding == "first":
-        pad[0] = True
+        pad[:1] = True  # slices are filled on the device; pad[0] = True copies (a sync)
     elif p.padding == "last":
-        pad[-1] = True
+        pad[-1:] = True
     if p.tail_padding:
         pad[B - p.tail_padding :] = True
     idx = torch.randperm(p.num_slots, generator=gen, device=dev)[:B].to(torch.int64)
