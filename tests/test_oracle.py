@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from hypothesis import event, given, settings
@@ -191,19 +193,14 @@ _CORRUPTIONS = ("none", "read-only", "out-guard", "padding-row", "out-value", "u
                 "state-value", "overflow")
 
 
-@settings(max_examples=60, deadline=None)
-@given(layout=KDA.valid_cases("triton", budget=1 << 12, max_b=12),
-       corruption=st.sampled_from(_CORRUPTIONS), where=st.integers(0, 2**16))
-def test_fast_path_agrees_with_the_ordered_diagnosis(layout: Case, corruption: str,
-                                                     where: int) -> None:
-    """The judge's one-sync pass decision holds exactly when the ordered, per-rule
-    diagnosis finds nothing (and does not call the case unjudgeable)."""
+def _corrupt(case: Case, corruption: str, where: int, reference: Any) -> tuple[Any, ...]:
+    """Run the correct ``reference`` on a copy of ``case``, then break one rule of the
+    judge (``_CORRUPTIONS``; some need a feature the layout may lack and do nothing)."""
     from kda_fuzz.contracts import kda
 
-    case = layout
     kwargs, bases = case.materialize()
     before = {n: b.clone() for n, b in bases.items()}
-    reference_kda_packed_decode(*(kwargs[n] for n in KDA.signature))
+    reference(*(kwargs[n] for n in get_contract(case.contract).signature))
     out, state = kwargs["out"], kwargs["initial_state"]
     if corruption == "read-only":
         name = kda.READ_ONLY[where % len(kda.READ_ONLY)]
@@ -211,7 +208,7 @@ def test_fast_path_agrees_with_the_ordered_diagnosis(layout: Case, corruption: s
         if base.numel():
             base[where % base.numel()] = base[where % base.numel()] + 1
     elif corruption == "out-guard" and case.tensors["out"].offset:
-        bases["out"][0] = 1.0
+        bases["out"][-(where % 2)] = 1.0  # the first guard cell or the last
     elif corruption == "padding-row":
         pad = (kwargs["ssm_state_indices"] < 0).nonzero().flatten()
         if pad.numel():
@@ -226,10 +223,25 @@ def test_fast_path_agrees_with_the_ordered_diagnosis(layout: Case, corruption: s
         slot.view(-1)[where % slot.numel()] += 1.0
     ref_args = {n: case.tensors[n].view(before[n]) for n in case.tensors}
     ref_args.update(case.scalars)
+    return kwargs, before, bases, ref_args
+
+
+@settings(max_examples=60, deadline=None)
+@given(layout=KDA.valid_cases("triton", budget=1 << 12, max_b=12),
+       corruption=st.sampled_from(_CORRUPTIONS), where=st.integers(0, 2**16))
+def test_fast_path_agrees_with_the_ordered_diagnosis(layout: Case, corruption: str,
+                                                     where: int) -> None:
+    """The judge's one-sync pass decision holds exactly when the ordered, per-rule
+    diagnosis finds nothing (and does not call the case unjudgeable)."""
+    from kda_fuzz.contracts import kda
+
+    case = layout
+    kwargs, before, bases, ref_args = _corrupt(case, corruption, where,
+                                               reference_kda_packed_decode)
     ref = kda.reference64(ref_args)
     if corruption == "overflow" and ref["out"].numel():
         ref["out"].view(-1)[0] = float("inf")
-    masks = kda._masks(case, kwargs, before, bases, ref)
+    masks = kda._masks(case, kwargs, before, bases)
     fast = kda._all_pass(kwargs, before, bases, ref, masks)
     try:
         slow = kda._diagnose(kwargs, before, bases, ref, masks) is None
@@ -237,6 +249,105 @@ def test_fast_path_agrees_with_the_ordered_diagnosis(layout: Case, corruption: s
         slow = False
     event(f"{corruption}: {'pass' if fast else 'fail'}")
     assert fast == slow
+
+
+def _fused_vs_torch(case: Case, corruption: str, where: int, reference: Any, family: Any,
+                    fused: Any) -> None:
+    """``packed_fused`` (the GPU's fast path, here in the Triton interpreter) passes a
+    case exactly when the torch oracle does, calls it unjudgeable exactly where the torch
+    oracle does, and reports the same error budget when it passes."""
+    from kda_fuzz.contracts import kda, packed_fused
+
+    kwargs, before, bases, ref_args = _corrupt(case, corruption, where, reference)
+    masks = kda._masks(case, kwargs, before, bases)
+    assert packed_fused.broken is None, packed_fused.broken
+    outcome: dict[str, Any] = {}
+    for name, judge in (("fused", lambda b: kda._fused_pass(case, ref_args, kwargs, before,
+                                                            bases, fused, b)),
+                        ("torch", lambda b: kda._all_pass(kwargs, before, bases,
+                                                          family(ref_args), masks, b)
+                         or kda._diagnose(kwargs, before, bases, family(ref_args), masks)
+                         is None)):
+        budget: dict[str, float] = {}
+        try:
+            outcome[name] = (judge(budget), budget)
+        except kda.Unjudgeable:
+            outcome[name] = ("unjudgeable", {})
+    (fused_says, fused_budget), (torch_says, torch_budget) = outcome["fused"], outcome["torch"]
+    event(f"{corruption}: {torch_says}")
+    assert fused_says == torch_says
+    if torch_says is not True:  # a budget is reported for passing cases
+        return
+    assert fused_budget.keys() == torch_budget.keys()
+    for k, v in fused_budget.items():
+        assert v == pytest.approx(torch_budget[k], rel=1e-6, abs=1e-12), k
+
+
+def test_a_failing_fast_path_falls_back_to_the_torch_oracle(monkeypatch, capsys) -> None:
+    """The fused judge's own failure is never a verdict: the fast path says "not decided",
+    turns itself off for the process (saying why on stderr), and the torch oracle judges."""
+    from kda_fuzz.contracts import kda, packed_fused
+
+    def broken(*args: Any, **kw: Any) -> None:
+        raise TypeError("failed to specialize argument of type: dict")
+
+    monkeypatch.setattr(packed_fused, "summary", broken)
+    monkeypatch.setattr(packed_fused, "broken", None)
+    case = build(_layout(), "triton")
+    kwargs, before, bases, ref_args = _corrupt(case, "none", 0, reference_kda_packed_decode)
+    assert kda._fused_pass(case, ref_args, kwargs, before, bases, kda.KDA_FUSED, None) is False
+    assert "TypeError: failed to specialize" in (packed_fused.broken or "")
+    assert "judging with the torch oracle" in capsys.readouterr().err
+    assert kda.judge(case, kwargs, before, bases, (kwargs["out"], kwargs["initial_state"])) \
+        is None
+
+
+@settings(max_examples=40, deadline=None)
+@given(layout=KDA.valid_cases("triton", budget=1 << 11, max_b=6),
+       corruption=st.sampled_from(_CORRUPTIONS[:-1]), where=st.integers(0, 2**16))
+def test_fused_judge_agrees_with_the_torch_oracle(layout: Case, corruption: str,
+                                                  where: int) -> None:
+    """KDA (one gate per key, lower_bound or softplus)."""
+    from kda_fuzz.contracts import kda
+
+    _fused_vs_torch(layout, corruption, where, reference_kda_packed_decode, kda.reference64,
+                    kda.KDA_FUSED)
+
+
+@settings(max_examples=20, deadline=None)
+@given(layout=get_contract("gdn").valid_cases("triton", budget=1 << 11, max_b=6),
+       corruption=st.sampled_from(_CORRUPTIONS[:-1]), where=st.integers(0, 2**16))
+def test_fused_judge_agrees_with_the_torch_oracle_on_gdn(layout: Case, corruption: str,
+                                                         where: int) -> None:
+    """GDN (one gate per value head)."""
+    from kda_fuzz.contracts import gdn
+    from kda_fuzz_kernels.gdn_decode import reference_gdn_packed_decode
+
+    _fused_vs_torch(layout, corruption, where, reference_gdn_packed_decode, gdn.reference64,
+                    gdn.FUSED)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["kda", "gdn"])
+def test_fused_judge_agrees_with_the_torch_oracle_gpu(family: str, kda_device_name: str
+                                                      ) -> None:
+    """The same on the GPU, compiled, with GPU-sized layouts (B up to 4096)."""
+    from kda_fuzz.contracts import gdn, kda
+    from kda_fuzz_kernels.gdn_decode import reference_gdn_packed_decode
+
+    contract = get_contract(family)
+    reference, ref64, fused = ((reference_kda_packed_decode, kda.reference64, kda.KDA_FUSED)
+                               if family == "kda" else
+                               (reference_gdn_packed_decode, gdn.reference64, gdn.FUSED))
+
+    @settings(max_examples=50, deadline=None)  # most examples compile a dtype mix anew
+    @given(layout=contract.valid_cases("triton", device=kda_device_name, budget=1 << 20,
+                                       max_b=4096, bucket=True),
+           corruption=st.sampled_from(_CORRUPTIONS[:-1]), where=st.integers(0, 2**16))
+    def agree(layout: Case, corruption: str, where: int) -> None:
+        _fused_vs_torch(layout, corruption, where, reference, ref64, fused)
+
+    agree()
 
 
 def test_a_scale_subnormal_in_float32_is_within_tolerance() -> None:

@@ -82,11 +82,15 @@ def reference64(args: dict[str, Any]) -> dict[str, torch.Tensor]:
     return kda.packed_bounds(args, t, gsens[:, :, None, None])
 
 
+FUSED = kda.Fused(gate_per_key=False)  # the same reference as one kernel (packed_fused)
+
+
 def judge(case: Case, kwargs: dict[str, Any], before: dict[str, torch.Tensor],
           after: dict[str, torch.Tensor], result: Any,
           budget: dict[str, float] | None = None) -> Verdict | None:
     """KDA's oracle and tolerance policy with the GDN float64 reference."""
-    return kda.judge(case, kwargs, before, after, result, budget, reference=reference64)
+    return kda.judge(case, kwargs, before, after, result, budget, reference=reference64,
+                     fused=FUSED)
 
 
 def cross_judge(case: Case, before: dict[str, torch.Tensor],

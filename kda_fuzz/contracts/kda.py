@@ -23,7 +23,7 @@ not judged numerically (counted as ``skipped_unjudgeable``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -39,7 +39,7 @@ from ..contract import (
     Unjudgeable,
     shape,
 )
-from ..oracle import same_bits
+from ..oracle import device_error, same_bits
 from ..verdict import Verdict
 from . import kda_layouts, kda_scale
 from .packed_shrink import PackedDecodeShrinker
@@ -306,10 +306,21 @@ def packed_sizes(case: Case) -> dict[str, int]:
 Reference = Callable[[dict[str, Any]], dict[str, torch.Tensor]]
 
 
+@dataclass(frozen=True)
+class Fused:
+    """A family's reference as ``packed_fused`` computes it: one gate per key (KDA) or
+    one per value head (GDN)."""
+
+    gate_per_key: bool
+
+
+KDA_FUSED = Fused(gate_per_key=True)
+
+
 def judge(case: Case, kwargs: dict[str, Any], before: dict[str, torch.Tensor],
           after: dict[str, torch.Tensor], result: Any,
           budget: dict[str, float] | None = None, *,
-          reference: Reference | None = None) -> Verdict | None:
+          reference: Reference | None = None, fused: Fused | None = None) -> Verdict | None:
     """The differential and semantic oracle for a layout the contract accepts.
 
     ``before`` holds the bases as they were handed over, ``after`` the same bases after
@@ -318,8 +329,10 @@ def judge(case: Case, kwargs: dict[str, Any], before: dict[str, torch.Tensor],
     |got - ref| / bound per output and dtype (``"out/float32"``, ``"state/bfloat16"``;
     1.0 is the tolerance), read back in the same device sync; outputs with no valid row
     are left out. Scale cases (``notes["scale"]``) go to ``kda_scale.judge_sampled``.
-    ``reference``: the float64 result and bounds (default :func:`reference64`); a sibling
-    family of the same packing (GDN) passes its own and shares this policy.
+    ``reference``: the float64 result and bounds (default :func:`reference64`, with
+    ``fused`` :data:`KDA_FUSED`); a sibling family of the same packing (GDN) passes its
+    own and shares this policy. ``fused``: the same reference as one kernel
+    (``packed_fused``), which decides the passes on CUDA.
     """
     if case.notes.get("scale"):  # GPU-scale cases: bit-exact everywhere, math sampled
         return kda_scale.judge_sampled(case, kwargs, before, after, result, budget)
@@ -329,26 +342,93 @@ def judge(case: Case, kwargs: dict[str, Any], before: dict[str, torch.Tensor],
         got = type(result).__name__
         return Verdict("mismatch", "returned-objects",
                        f"must return the caller's own (out, initial_state); got {got}")
+    if reference is None:  # KDA's own
+        reference, fused = reference64, KDA_FUSED
     ref_args = {n: case.tensors[n].view(before[n]) for n in case.tensors}
     ref_args.update(case.scalars)
-    ref = (reference or reference64)(ref_args)
-    masks = _masks(case, kwargs, before, after, ref)
+    if fused is not None and out.device.type == "cuda" and _fused_pass(
+            case, ref_args, kwargs, before, after, fused, budget):
+        return None  # one sync, no torch reference: the common path on a GPU
+    masks = _masks(case, kwargs, before, after)
+    ref = reference(ref_args)
     if _all_pass(kwargs, before, after, ref, masks, budget):  # one sync on the common path
         return None
     return _diagnose(kwargs, before, after, ref, masks)
 
 
 def _masks(case: Case, kwargs: dict[str, Any], before: dict[str, torch.Tensor],
-           after: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]
-           ) -> dict[str, torch.Tensor]:
+           after: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Cells of the ``out`` base outside the view (guards), the state base's cells that
-    changed outside the named slots (``written``: two passes over the pool), and the
-    padding rows."""
+    changed outside the slots named by an index (``written``: two passes over the pool),
+    and the padding rows; no device sync."""
     guard = torch.ones_like(after["out"], dtype=torch.bool)
     case.tensors["out"].view(guard).fill_(False)
+    idx = case.tensors["ssm_state_indices"].view(before["ssm_state_indices"]).to(torch.long)
+    n = case.tensors["initial_state"].shape[0]
+    named = torch.zeros(n + 1, dtype=torch.bool, device=idx.device)
+    named.index_fill_(0, torch.where((idx >= 0) & (idx < n), idx, n), True)
     written = _bits(after["initial_state"]) != _bits(before["initial_state"])
-    case.tensors["initial_state"].view(written)[ref["slots"]] = False
+    case.tensors["initial_state"].view(written).masked_fill_(named[:n, None, None, None], False)
     return {"guard": guard, "written": written, "pad": kwargs["ssm_state_indices"] < 0}
+
+
+def _fused_pass(case: Case, views: dict[str, Any], kwargs: dict[str, Any],
+                before: dict[str, torch.Tensor], after: dict[str, torch.Tensor], fused: Fused,
+                budget: dict[str, float] | None) -> bool:
+    """Whether every rule holds, decided by ``packed_fused`` and a few byte comparisons in
+    one read of the device (some fifteen kernels in all); raises ``Unjudgeable`` where
+    the torch oracle would. False sends the case to the torch oracle (which names the
+    broken rule, or finds none)."""
+    from . import packed_fused as pf
+
+    if pf.broken is not None:
+        return False
+    out, state = kwargs["out"], kwargs["initial_state"]
+    try:
+        named = torch.zeros(state.shape[0], dtype=torch.int8, device=state.device)
+        summary = pf.summary(views, state, out, gate_per_key=fused.gate_per_key, named=named)
+        # the pool: every cell outside the slots the kernel saw named is bit-identical
+        written = _bits(after["initial_state"]) != _bits(before["initial_state"])
+        case.tensors["initial_state"].view(written).masked_fill_(
+            named.view(torch.bool)[:, None, None, None], False)
+        flags = [_same_bytes(case, before, after), ~written.any()]
+        values = torch.cat([torch.stack(flags).to(torch.float64), summary]).tolist()
+    except Exception as e:
+        if device_error(e):  # the target's asynchronous fault: the caller's to report
+            raise
+        pf.disable(e)  # the fast path's own failure, never a verdict: torch from now on
+        return False
+    (same, untouched), s = values[:2], values[2:]
+    if s[pf.PAST_POOL] or not same:
+        return False
+    if s[pf.UNFIT]:
+        raise Unjudgeable("float64 result exceeds half the range of the stored dtype")
+    if not untouched or s[pf.OUT_OF_BOUND] or s[pf.PADDING_NONZERO]:
+        return False
+    if budget is not None and s[pf.OUT_RATIO] >= 0:
+        budget[f"out/{_short_dtype(out.dtype)}"] = s[pf.OUT_RATIO]
+        budget[f"state/{_short_dtype(state.dtype)}"] = s[pf.STATE_RATIO]
+    return True
+
+
+def _same_bytes(case: Case, before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]
+                ) -> torch.Tensor:
+    """The read-only inputs' bases and the guard cells of ``out``'s base are bit-identical
+    (a device boolean; four kernels)."""
+    olds, news = [before[n] for n in READ_ONLY], [after[n] for n in READ_ONLY]
+    arg = case.tensors["out"]
+    if arg.view().is_contiguous():  # the view is one run of the base: guards around it
+        cut = (slice(0, arg.offset), slice(arg.offset + arg.view().numel(), None))
+        olds += [before["out"][c] for c in cut]
+        news += [after["out"][c] for c in cut]
+    else:
+        guard = torch.ones_like(after["out"], dtype=torch.bool)
+        arg.view(guard).fill_(False)
+        olds.append(before["out"][guard])  # (a sync; valid layouts never come here)
+        news.append(after["out"][guard])
+    a = torch.cat([t.view(torch.uint8) for t in olds])  # 1-D bases and runs of them
+    b = torch.cat([t.view(torch.uint8) for t in news])
+    return (a == b).all()
 
 
 def _within(got: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor,
