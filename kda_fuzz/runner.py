@@ -477,8 +477,12 @@ class Campaign:
 
     def _run_arm(self, arm: Arm, n: int, rounds: int) -> None:
         self._share = arm.share
+        # every Hypothesis run starts with the arm's simplest case: after the first round
+        # it is drawn and skipped (see _body), so an arm of one example per round does not
+        # run that case again and again
         test = settings(
-            max_examples=n, database=None, deadline=None, phases=(Phase.generate,),
+            max_examples=n + (rounds > 0), database=None, deadline=None,
+            phases=(Phase.generate,),
             suppress_health_check=list(HealthCheck), print_blob=False,
         )(given(arm.strategy)(self._body))
         seed = self.options.seed or 0
@@ -491,6 +495,8 @@ class Campaign:
     def _body(self, case: Case) -> None:
         pos: Position = (self._pos[0], self._pos[1], self._pos[2])
         self._pos[2] += 1
+        if pos[0] and not pos[2]:
+            return  # a later round's first draw: the simplest case, run in the first round
         if pos[2] % self._share[1] != self._share[0]:
             return  # another shard's example (drawn all the same: the draws stay aligned)
         if pos < self.resume_at:

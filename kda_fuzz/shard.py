@@ -110,9 +110,11 @@ def examples_of(arm: Arm) -> int:
 
 def positions(arm: Arm, rounds: int = 1) -> set[tuple[int, int, int]]:
     """``(round, plan index, example)`` of every example ``arm`` runs in ``rounds`` rounds
-    of its full size (a campaign without a deadline runs round 0 only)."""
+    of its full size (a campaign without a deadline runs round 0 only; a later round draws
+    one example more and skips its first, the simplest case)."""
     r, k = arm.share
-    return {(rd, arm.index, e) for rd in range(rounds) for e in range(r, arm.examples, k)}
+    return {(rd, arm.index, e) for rd in range(rounds)
+            for e in range(r, arm.examples + (rd > 0), k) if rd == 0 or e}
 
 
 def plan_digest(arms: list[Arm]) -> str:
