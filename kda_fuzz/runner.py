@@ -206,6 +206,9 @@ class Arm:
     # (r, k): of the arm's Hypothesis run, only examples e with e % k == r are run here (the
     # others belong to other shards, see kda_fuzz.shard); the run draws all of them
     share: tuple[int, int] = (0, 1)
+    # in a time-bounded campaign, the most of a job's time its stratum may take: a round
+    # passes the arm by while its stratum is over (None: no limit)
+    time_share: float | None = None
 
 
 def deal(arms: list[Arm], job: int, jobs: int) -> list[Arm]:
@@ -252,7 +255,8 @@ def _scale_arms(contract: Contract, variant: str, max_examples: int, device: str
     strategy = stratum.cases(variant, device, budget) if budget else None
     if strategy is None:
         return []
-    return [Arm(f"scale:part{j}" if parts > 1 else "scale", strategy, k)
+    return [Arm(f"scale:part{j}" if parts > 1 else "scale", strategy, k,
+                time_share=SCALE_TIME_SHARE)
             for j, k in enumerate(_split(n, max(1, parts))) if k]
 
 
@@ -302,6 +306,9 @@ def _split(n: int, parts: int) -> list[int]:
 
 
 CHUNK = 25  # examples of the largest arm per round when a deadline cycles through them
+# a time-bounded campaign gives the scale stratum at most this share of a job's time: its
+# cases cost tens of the others' (a compile per shape for a shape-specialising kernel)
+SCALE_TIME_SHARE = 0.1
 
 
 # A position in a campaign: (round, arm within the job, example within the arm's run).
@@ -461,6 +468,8 @@ class Campaign:
                         continue  # done before the resume point
                     if deadline is not None and time.monotonic() > deadline:
                         raise _Stopped
+                    if deadline is not None and self._over_time_share(arm):
+                        continue  # its stratum has had its share of the time for now
                     # with a deadline each round gives every arm its share of CHUNK, so a
                     # time-bounded campaign keeps the plan's proportions
                     n = arm.examples if deadline is None else min(
@@ -474,6 +483,14 @@ class Campaign:
             pass
         except _Halt as h:
             raise h.error from None
+
+    def _over_time_share(self, arm: Arm) -> bool:
+        """Whether the arm's stratum has taken more than ``arm.time_share`` of this job's
+        time so far."""
+        if arm.time_share is None:
+            return False
+        spent = self.report.stratum_seconds
+        return spent[arm.name.split(":")[0]] > arm.time_share * sum(spent.values())
 
     def _run_arm(self, arm: Arm, n: int, rounds: int) -> None:
         self._share = arm.share

@@ -190,3 +190,35 @@ def test_a_time_bounded_campaign_does_not_rerun_an_arms_simplest_case() -> None:
     assert all(len(set(v)) >= 0.75 * len(v) for v in runs), \
         sorted((len(set(v)) / len(v), len(v)) for v in runs)[:5]
 
+
+def test_the_scale_stratum_takes_at_most_its_time_share_of_a_time_bounded_campaign(
+        ) -> None:
+    """Scale cases cost tens of others' (a compile per shape): in a time-bounded campaign a
+    round passes the scale arm by while its stratum has had more than SCALE_TIME_SHARE
+    of the job's time; it still runs in the first round and keeps its share after."""
+    from hypothesis import strategies as st
+
+    from kda_fuzz.runner import SCALE_TIME_SHARE, Arm, Campaign, _Stopped
+
+    arms = [Arm("valid:family0", st.none(), 1000), Arm("broken:mix", st.none(), 500),
+            Arm("scale", st.none(), 40, time_share=SCALE_TIME_SHARE)]
+    cost = {"valid": 0.02, "broken": 0.01, "scale": 1.0}  # seconds per example
+    ran: list[tuple[int, str]] = []
+
+    class Simulated(Campaign):
+        def _run_arm(self, arm, n, rounds) -> None:
+            if rounds == 100:
+                raise _Stopped
+            stratum = arm.name.split(":")[0]
+            ran.append((rounds, stratum))
+            self.report.stratum_seconds[stratum] += cost[stratum] * n
+
+    c = Simulated(KDA, "triton", [load_target(REFERENCE)],
+                  options=CampaignOptions(max_examples=10, max_seconds=3600.0))
+    c._deadline = time.monotonic() + 3600
+    c._run_rounds(arms, 1000, c._deadline)
+    spent = c.report.stratum_seconds
+    scale_rounds = [r for r, s in ran if s == "scale"]
+    assert scale_rounds[0] == 0 and len(scale_rounds) >= 5
+    assert spent["scale"] <= SCALE_TIME_SHARE * sum(spent.values()) + cost["scale"]
+    assert spent["scale"] >= 0.5 * SCALE_TIME_SHARE * sum(spent.values())
