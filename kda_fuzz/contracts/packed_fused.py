@@ -2,7 +2,8 @@
 float64 reference of every live row (``reference64`` of KDA or GDN), its forward-error
 bounds (``kda.packed_bounds``) and the comparison with what the target wrote, in
 registers, where the torch oracle makes some twenty full-size ``[R, HV, V, K]`` passes
-and a device sync to find the live rows.
+and a device sync to find the live rows. It also checks padding rows zero and marks the
+slots that live rows name (for the caller's check of the rest of the pool).
 
 It only decides that a case passes: the caller reads its summary with the other device
 booleans in one sync, and anything else (an element out of bound, a nonzero padding row,
