@@ -468,7 +468,7 @@ class Campaign:
                         continue  # done before the resume point
                     if deadline is not None and time.monotonic() > deadline:
                         raise _Stopped
-                    if deadline is not None and self._over_time_share(arm):
+                    if deadline is not None and self._over_time_share(arm, arms):
                         continue  # its stratum has had its share of the time for now
                     # with a deadline each round gives every arm its share of CHUNK, so a
                     # time-bounded campaign keeps the plan's proportions
@@ -484,10 +484,10 @@ class Campaign:
         except _Halt as h:
             raise h.error from None
 
-    def _over_time_share(self, arm: Arm) -> bool:
+    def _over_time_share(self, arm: Arm, arms: list[Arm]) -> bool:
         """Whether the arm's stratum has taken more than ``arm.time_share`` of this job's
-        time so far."""
-        if arm.time_share is None:
+        time so far (never when the job has no arm without a time share: it would idle)."""
+        if arm.time_share is None or all(a.time_share is not None for a in arms):
             return False
         spent = self.report.stratum_seconds
         return spent[arm.name.split(":")[0]] > arm.time_share * sum(spent.values())

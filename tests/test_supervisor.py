@@ -222,3 +222,9 @@ def test_the_scale_stratum_takes_at_most_its_time_share_of_a_time_bounded_campai
     assert scale_rounds[0] == 0 and len(scale_rounds) >= 5
     assert spent["scale"] <= SCALE_TIME_SHARE * sum(spent.values()) + cost["scale"]
     assert spent["scale"] >= 0.5 * SCALE_TIME_SHARE * sum(spent.values())
+    # a job dealt nothing but scale arms runs them every round (it would idle otherwise)
+    ran.clear()
+    alone = Simulated(KDA, "triton", [load_target(REFERENCE)],
+                      options=CampaignOptions(max_examples=10, max_seconds=3600.0))
+    alone._run_rounds(arms[2:], 40, c._deadline)
+    assert [r for r, _ in ran] == list(range(100))
