@@ -9,7 +9,8 @@ naive:    one Hypothesis example = one layout of any batch size and shape (B <= 
 The valid-layout campaign (`--valid-share 1`) is the throughput figure; the CLI's default
 plan (broken and valid layouts, `--valid-share 0.5`) is reported beside it.
 
-Prints examples/s and verified rows/s over the wall time of each command.
+Prints examples/s and verified rows/s over the wall time of each command (rows of valid
+cases that were judged), and the rows/s of each stratum (valid families, scale).
 
     python benchmarks/gpu_throughput.py [--seconds 60] [--naive-seconds 15] [--jobs auto]
                                         [--modes ...] [--cli-args '--scale-share 0']
@@ -95,6 +96,7 @@ def run_cli(mode: str, target: str, variant: str, seconds: float, seed: int, job
             "wall": wall, "campaign_s": summary["seconds"], "failures": summary["failures"],
             "notes": summary.get("notes", []),
             "stratum_seconds": summary.get("stratum_seconds", {}),
+            "stratum_rows": summary.get("stratum_rows", {}),
             "compiling_seconds": summary.get("compiling_seconds", 0.0)}
 
 
@@ -139,6 +141,9 @@ def main() -> None:
         if shares:
             print(f"{r['mode']:18} time: {shares} "
                   f"({sum(r['stratum_seconds'].values()):.0f} job-seconds)")
+        if r.get("stratum_rows"):  # where the verified rows come from
+            print(f"{r['mode']:18} rows/s by stratum: " + ", ".join(
+                f"{k} {v / r['wall']:,.0f}" for k, v in sorted(r["stratum_rows"].items())))
         for note in r.get("notes", []):
             if note.startswith("scale stratum"):
                 print(f"{r['mode']:18} {note}")

@@ -78,6 +78,8 @@ class Report:
     extra: dict[str, Any] = field(default_factory=dict)  # more JSON summary keys (shard, ...)
     # seconds spent per stratum ("broken", "valid", "scale"), summed over jobs
     stratum_seconds: Counter = field(default_factory=Counter)
+    # verified rows per stratum ("valid", "scale"; ``rows`` is their sum)
+    stratum_rows: Counter = field(default_factory=Counter)
     # cuda: seconds of examples ten times slower than the recent median (first calls of a
     # shape: compiles)
     compiling_seconds: float = 0.0
@@ -87,8 +89,9 @@ class Report:
     COUNTERS = ("examples", "rows", "tail_rows", "valid_cases", "broken_cases", "skipped",
                 "compiling_seconds")
 
-    def record(self, outcome: Outcome, case: Case) -> None:
-        """Count one judged example (its first target's outcome)."""
+    def record(self, outcome: Outcome, case: Case, stratum: str = "valid") -> None:
+        """Count one judged example (its first target's outcome) of ``stratum``; the rows
+        of a valid case count as verified unless it was not judged (``skip``)."""
         self.examples += 1
         exp = outcome.expectation
         if outcome.status == "gap":
@@ -96,8 +99,11 @@ class Report:
             self.validation_gaps[label] += 1
         elif exp.ok:
             self.valid_cases += 1
-            self.rows += int(case.notes.get("rows", 1))
-            self.tail_rows += int(case.notes.get("tail_rows", 0))
+            if outcome.status != "skip":
+                rows = int(case.notes.get("rows", 1))
+                self.rows += rows
+                self.stratum_rows[stratum] += rows
+                self.tail_rows += int(case.notes.get("tail_rows", 0))
         else:
             self.broken_cases += 1
             self.checks_hit[exp.check if exp.check is not None else f"hole:{exp.hole}"] += 1
@@ -122,7 +128,7 @@ class Report:
         out.update(checks_hit=dict(self.checks_hit), validation_gaps=dict(self.validation_gaps),
                    wording=dict(self.wording), wording_samples=list(self.wording_samples),
                    judged=dict(self.judged), stratum_seconds=dict(self.stratum_seconds),
-                   scale_largest=dict(self.scale_largest))
+                   stratum_rows=dict(self.stratum_rows), scale_largest=dict(self.scale_largest))
         return out
 
     def add_counters(self, c: dict[str, Any]) -> None:
@@ -134,6 +140,7 @@ class Report:
         self.wording.update(c["wording"])
         self.judged.update(c.get("judged", {}))
         self.stratum_seconds.update(c.get("stratum_seconds", {}))
+        self.stratum_rows.update(c.get("stratum_rows", {}))
         self._largest(c.get("scale_largest", {}))
         room = WORDING_SAMPLES - len(self.wording_samples)
         self.wording_samples.extend(c["wording_samples"][:max(0, room)])
@@ -170,6 +177,7 @@ class Report:
             "seconds": round(self.seconds, 3),
             # summed over jobs (a campaign of 8 jobs has 8 seconds of them per second)
             "stratum_seconds": {k: round(v, 3) for k, v in self.stratum_seconds.items()},
+            "stratum_rows": dict(self.stratum_rows),
             "compiling_seconds": round(self.compiling_seconds, 3),
             "scale_largest": dict(self.scale_largest),
             "scale_judged": dict(self.judged),
@@ -421,6 +429,7 @@ class Campaign:
             self.resume_at = resume[0]
             self.report.add_counters(resume[1])
         self.hard = dict(hard or {})
+        self._stratum = "valid"  # the stratum of the arm being run (see _run_arm)
         self.known: dict[tuple[Any, ...], Failure] = {}
         self.seen = seen  # failures kept elsewhere (by the supervisor): repeats here
         self.stopped = ""
@@ -494,6 +503,7 @@ class Campaign:
 
     def _run_arm(self, arm: Arm, n: int, rounds: int) -> None:
         self._share = arm.share
+        self._stratum = arm.name.split(":")[0]
         # every Hypothesis run starts with the arm's simplest case: after the first round
         # it is drawn and skipped (see _body), so an arm of one example per round does not
         # run that case again and again
@@ -590,7 +600,7 @@ class Campaign:
             "budget": outcome.budget or {}, "compile": compiling})
 
     def _count(self, outcome: Outcome, case: Case) -> None:
-        self.report.record(outcome, case)
+        self.report.record(outcome, case, self._stratum)
         if self.on_example is not None:
             self.on_example(self.report)
 

@@ -215,3 +215,22 @@ def test_chromium_renders_the_report(tmp_path: Path) -> None:
     assert image.size == (1200, 3000)
     dark = sum(image.histogram()[:128])
     assert dark > 0.01 * 1200 * 3000  # text and plots, not a blank page
+
+
+def test_verified_rows_leave_out_unjudged_cases_and_are_split_by_stratum() -> None:
+    """``valid_rows`` counts the rows of valid cases that were judged (a result too large
+    for its dtype is not), per stratum too (``stratum_rows``), through a job's counters."""
+    from kda_fuzz.oracle import Outcome, expectation
+
+    case = build(KdaLayout(B=5, H=1, HV=2, K=4, V=4, seed=1), "triton")
+    exp = expectation(KDA, case)
+    r = Report("kda", "triton", [])
+    r.record(Outcome("pass", exp), case, "valid")
+    r.record(Outcome("skip", exp, note="not judged"), case, "valid")
+    r.record(Outcome("fail", exp), case, "scale")
+    assert (r.valid_cases, r.skipped, r.rows) == (3, 1, 10)
+    assert r.stratum_rows == {"valid": 5, "scale": 5}
+    merged = Report("kda", "triton", [])
+    merged.add_counters(r.counters())
+    assert merged.rows == 10 and merged.stratum_rows == r.stratum_rows
+    assert r.to_json()["stratum_rows"] == {"valid": 5, "scale": 5}
