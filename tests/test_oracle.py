@@ -251,6 +251,36 @@ def test_fast_path_agrees_with_the_ordered_diagnosis(layout: Case, corruption: s
     assert fast == slow
 
 
+@pytest.mark.parametrize("corruption,what", [("none", None),
+                                               ("padding-row", "padding-row-not-zero"),
+                                               ("untouched-state", "untouched-state-written")])
+def test_a_result_too_large_for_its_dtype_is_still_judged_on_every_other_rule(
+        corruption: str, what: str | None) -> None:
+    """Unjudgeable means "not judged numerically": a nonzero padding row or a write to an
+    unnamed slot is still a failure when the float64 result overflows the stored dtype."""
+    from kda_fuzz.contracts import kda
+
+    case = build(_layout(spare_slots=3, padding="first", seed=3), "triton")
+    kwargs, before, bases, ref_args = _corrupt(case, "none", 0, reference_kda_packed_decode)
+    if corruption == "padding-row":
+        pad = (kwargs["ssm_state_indices"] < 0).nonzero().flatten()
+        assert pad.numel()
+        kwargs["out"][int(pad[0])] = 0.5
+    elif corruption == "untouched-state":
+        named = set(kwargs["ssm_state_indices"].tolist())
+        free = next(i for i in range(case.tensors["initial_state"].shape[0]) if i not in named)
+        kwargs["initial_state"][free].view(-1)[0] += 1.0
+    ref = kda.reference64(ref_args)
+    ref["out"].view(-1)[0] = float("inf")  # the float64 result overflows
+    masks = kda._masks(case, kwargs, before, bases)
+    assert not kda._all_pass(kwargs, before, bases, ref, masks)
+    if what is None:
+        with pytest.raises(kda.Unjudgeable):
+            kda._diagnose(kwargs, before, bases, ref, masks)
+    else:
+        assert kda._diagnose(kwargs, before, bases, ref, masks).what == what
+
+
 def _fused_vs_torch(case: Case, corruption: str, where: int, reference: Any, family: Any,
                     fused: Any) -> None:
     """``packed_fused`` (the GPU's fast path, here in the Triton interpreter) passes a

@@ -17,7 +17,8 @@ must still raise, and the differential oracle with its tolerance policy:
   the returned pair ``is`` the caller's ``(out, initial_state)``.
 
 Layouts whose float64 result does not fit the stored dtype (more than half its max) are
-not judged numerically (counted as ``skipped_unjudgeable``).
+not judged numerically (counted as ``skipped_unjudgeable``); the other rules (read-only
+inputs, guard cells, padding rows, untouched slots) still hold for them.
 """
 
 from __future__ import annotations
@@ -399,11 +400,11 @@ def _fused_pass(case: Case, views: dict[str, Any], kwargs: dict[str, Any],
         pf.disable(e)  # the fast path's own failure, never a verdict: torch from now on
         return False
     (same, untouched), s = values[:2], values[2:]
-    if s[pf.PAST_POOL] or not same:
+    if s[pf.PAST_POOL] or not same or not untouched or s[pf.PADDING_NONZERO]:
         return False
-    if s[pf.UNFIT]:
+    if s[pf.UNFIT]:  # every rule but the numbers holds (as in _diagnose)
         raise Unjudgeable("float64 result exceeds half the range of the stored dtype")
-    if not untouched or s[pf.OUT_OF_BOUND] or s[pf.PADDING_NONZERO]:
+    if s[pf.OUT_OF_BOUND]:
         return False
     if budget is not None and s[pf.OUT_RATIO] >= 0:
         budget[f"out/{_short_dtype(out.dtype)}"] = s[pf.OUT_RATIO]
@@ -475,13 +476,13 @@ def _all_pass(kwargs: dict[str, Any], before: dict[str, torch.Tensor],
 def _diagnose(kwargs: dict[str, Any], before: dict[str, torch.Tensor],
               after: dict[str, torch.Tensor], ref: dict[str, torch.Tensor],
               masks: dict[str, torch.Tensor]) -> Verdict | None:
-    """The first broken rule, in order, with its evidence."""
+    """The first broken rule, in order, with its evidence. A float64 result too large for
+    the stored dtype is not judged numerically (``Unjudgeable``); every other rule still
+    holds for it."""
     out, state = kwargs["out"], kwargs["initial_state"]
     for name in READ_ONLY:
         if not same_bits(before[name], after[name]):
             return Verdict("mismatch", f"mutated-{name}", f"read-only input `{name}` was modified")
-    if not bool(_fits(ref["out"], out.dtype) & _fits(ref["state"], state.dtype)):
-        raise Unjudgeable("float64 result exceeds half the range of the stored dtype")
 
     # out: guard cells untouched, padding rows exactly zero, valid rows within bound.
     guard = masks["guard"]
@@ -496,6 +497,11 @@ def _diagnose(kwargs: dict[str, Any], before: dict[str, torch.Tensor],
             return Verdict("mismatch", "padding-row-not-zero",
                            f"padding row {row} (index {int(idx[row])}) of `out` is not all zeros: "
                            f"{out[row].flatten()[:8].tolist()}", output="out", where=[row])
+    if not bool(_fits(ref["out"], out.dtype) & _fits(ref["state"], state.dtype)):
+        v = _untouched(masks)
+        if v is not None:
+            return v
+        raise Unjudgeable("float64 result exceeds half the range of the stored dtype")
     rows, slots = ref["rows"], ref["slots"]
     v = _compare("out", out[rows, 0], ref["out"], ref["out_bound"], rows, slots)
     if v is not None:  # say what the state looks like too
@@ -509,14 +515,20 @@ def _diagnose(kwargs: dict[str, Any], before: dict[str, torch.Tensor],
         return replace(v, detail=f"{v.detail}; {tail}",
                        extra={**v.extra, "state_out_of_tolerance": sx["bad"] if sx else 0})
 
-    # state: named slots within bound; every other cell of the pool bit-identical.
+    # state: every cell of the pool outside the named slots bit-identical; those within bound.
+    return _untouched(masks) or _compare("initial_state", state[slots], ref["state"],
+                                         ref["state_bound"], rows, slots)
+
+
+def _untouched(masks: dict[str, torch.Tensor]) -> Verdict | None:
+    """The pool's cells outside the slots named by a non-negative index are unchanged."""
     written = masks["written"]
     if bool(written.any()):
         cell = int(written.nonzero()[0, 0])
         return Verdict("mismatch", "untouched-state-written",
                        f"state pool element {cell} of the base buffer, outside every slot named by "
                        f"a non-negative index, changed", output="initial_state", where=[cell])
-    return _compare("initial_state", state[slots], ref["state"], ref["state_bound"], rows, slots)
+    return None
 
 
 def cross_judge(case: Case, before: dict[str, torch.Tensor],
