@@ -73,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--scale-share", type=float, default=None,
                    help="share of examples in the GPU-scale stratum (B*HV past 65,535, "
                         "state pools past 2^31 elements; default 0.03 on cuda, 0 on cpu); "
-                        "with --max-seconds it takes at most a tenth of the time")
+                        "with --max-seconds it takes at most a tenth of the time, or its "
+                        "share if larger")
     f.add_argument("--scale-budget", type=int, default=None, metavar="BYTES",
                    help="device bytes per scale case (default: 0.8 of the device's free "
                         "memory, split between the jobs, at most 8)")

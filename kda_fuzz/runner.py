@@ -264,7 +264,7 @@ def _scale_arms(contract: Contract, variant: str, max_examples: int, device: str
     if strategy is None:
         return []
     return [Arm(f"scale:part{j}" if parts > 1 else "scale", strategy, k,
-                time_share=SCALE_TIME_SHARE)
+                time_share=max(SCALE_TIME_SHARE, share))
             for j, k in enumerate(_split(n, max(1, parts))) if k]
 
 
@@ -314,8 +314,9 @@ def _split(n: int, parts: int) -> list[int]:
 
 
 CHUNK = 25  # examples of the largest arm per round when a deadline cycles through them
-# a time-bounded campaign gives the scale stratum at most this share of a job's time: its
-# cases cost tens of the others' (a compile per shape for a shape-specialising kernel)
+# a time-bounded campaign gives the scale stratum at most this share of a job's time (or
+# its share of examples, if larger): its cases cost tens of the others' (a compile per
+# shape for a shape-specialising kernel)
 SCALE_TIME_SHARE = 0.1
 
 

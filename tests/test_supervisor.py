@@ -228,3 +228,11 @@ def test_the_scale_stratum_takes_at_most_its_time_share_of_a_time_bounded_campai
                       options=CampaignOptions(max_examples=10, max_seconds=3600.0))
     alone._run_rounds(arms[2:], 40, c._deadline)
     assert [r for r, _ in ran] == list(range(100))
+    # the cap is a tenth of the time, or the scale share asked for if larger
+    from kda_fuzz.runner import _scale_arms
+
+    def share_of(share: float) -> float | None:
+        arms = _scale_arms(KDA, "triton", 1000, "cpu", share, 1 << 30, 1)
+        return arms[0].time_share if arms else None
+
+    assert share_of(0.03) == SCALE_TIME_SHARE and share_of(0.5) == 0.5
