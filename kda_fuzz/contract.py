@@ -213,7 +213,9 @@ class Contract:
     ``default_targets`` (the project's kernels per variant), ``reference_target``,
     ``execution``, ``sizing``, ``shrinker``, ``summarize`` (a case in one line),
     ``sizes`` (a case's named sizes for descriptions), ``probe(rows, width, variant)``
-    (calibration cases), ``scale`` and ``judge_budget`` (the judge fills an error budget).
+    (calibration cases), ``scale``, ``judge_budget`` (the judge fills an error budget)
+    and ``status`` (notes for a campaign's summary on the family's own machinery, e.g. a
+    fast path that turned itself off).
     """
 
     name: str
@@ -241,6 +243,7 @@ class Contract:
     probe: Callable[[int, int, str], Case] | None = None
     scale: ScaleStratum | None = None
     judge_budget: bool = False
+    status: Callable[[], list[str]] | None = None
 
     def checks_for(self, variant: str) -> tuple[Check, ...]:
         self._require_variant(variant)

@@ -234,7 +234,7 @@ def _run_job(job: Job, conn: Any, stop: Any, record: Any) -> None:
             put(("fault", job.index, str(e)))
             conn.close()
             os._exit(70)
-        summaries = {"seconds": rep.seconds, "stopped": c.stopped,
+        summaries = {"seconds": rep.seconds, "stopped": c.stopped, "notes": rep.notes,
                      "targets": {t.name: t.fn.summary() for t in targets
                                  if hasattr(t.fn, "summary")}}
         put(("done", job.index, snapshot((1 << 62, 0, 0)), summaries))
@@ -346,9 +346,14 @@ class Supervisor:
                 if s.proc.is_alive():
                     s.proc.kill()
                     s.proc.join(timeout=5)
+        said: dict[str, list[int]] = {}  # a job's note -> the jobs that made it
         for s in self.states:
             if s.summary.get("stopped") and s.summary["stopped"] != "stopped":
                 self.report.notes.append(f"job {s.spec.index}: {s.summary['stopped']}")
+            for note in s.summary.get("notes", []):
+                said.setdefault(note, []).append(s.spec.index)
+        self.report.notes += [f"job{'s' * (len(j) > 1)} {', '.join(map(str, j))}: {note}"
+                              for note, j in said.items()]
         report = self._progress()
         report.seed, report.notes, report.history = (self.report.seed, self.report.notes,
                                                      self.report.history)

@@ -465,6 +465,8 @@ class Campaign:
         largest = self._largest or max((a.examples for a in arms), default=1)
         with _global_constants_only():
             self._run_rounds(arms, largest, deadline)
+        if self.contract.status is not None:
+            self.report.notes += self.contract.status()
         self.recorder.progress(END)
         self.report.seconds = time.monotonic() - t0
         return self.report

@@ -330,6 +330,14 @@ def test_a_failing_fast_path_falls_back_to_the_torch_oracle(monkeypatch, capsys)
     assert "judging with the torch oracle" in capsys.readouterr().err
     assert kda.judge(case, kwargs, before, bases, (kwargs["out"], kwargs["initial_state"])) \
         is None
+    # ... and the campaign's summary says so
+    from kda_fuzz.runner import campaign, load_target
+
+    report = campaign(KDA, "triton", [load_target(
+        "kda_fuzz_kernels.kda_decode:reference_kda_packed_decode")], max_examples=4, seed=1,
+        budget=1 << 10)
+    assert any("fused GPU judge failed (TypeError: failed to specialize" in n
+               for n in report.notes), report.notes
 
 
 @settings(max_examples=40, deadline=None)

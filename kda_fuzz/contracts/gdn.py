@@ -132,4 +132,5 @@ CONTRACT = Contract(
     sizes=kda.packed_sizes,
     probe=_probe,
     judge_budget=True,
+    status=kda.fused_status,  # the fused GPU judge is KDA's (one gate per value head)
 )

@@ -23,6 +23,7 @@ inputs, guard cells, padding rows, untouched slots) still hold for them.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -318,6 +319,12 @@ class Fused:
 KDA_FUSED = Fused(gate_per_key=True)
 
 
+def fused_status() -> list[str]:
+    """``packed_fused.status``, without importing Triton where the fast path never ran."""
+    module = sys.modules.get(f"{__package__}.packed_fused")
+    return module.status() if module is not None else []
+
+
 def judge(case: Case, kwargs: dict[str, Any], before: dict[str, torch.Tensor],
           after: dict[str, torch.Tensor], result: Any,
           budget: dict[str, float] | None = None, *,
@@ -587,4 +594,5 @@ CONTRACT = Contract(
     # the GPU-scale stratum: (variant, device, budget_bytes) -> strategy or None
     scale=ScaleStratum(kda_scale.scale_cases, kda_scale.device_budget),
     judge_budget=True,  # judge(..., budget={}) reports the error budget used
+    status=fused_status,  # says so when the fused GPU judge turned itself off
 )

@@ -35,6 +35,12 @@ COLUMNS = 6
 broken: str | None = None  # why the fast path is off in this process (see ``disable``)
 
 
+def status() -> list[str]:
+    """A note for the campaign's summary when the fast path is off in this process."""
+    return [] if broken is None else [
+        f"the fused GPU judge failed ({broken}); cases were judged by the torch oracle"]
+
+
 def disable(error: BaseException) -> None:
     """Turn the fast path off for this process after it failed (a Triton that cannot
     compile it here, a bug of ours), saying so once on stderr: judging goes on with the
