@@ -188,6 +188,31 @@ def test_target_that_resizes_out_is_a_failure_not_a_crash() -> None:
     assert v is not None and v.kind == "mismatch"
 
 
+def test_the_fused_judge_never_reads_outputs_a_target_resized(monkeypatch) -> None:
+    """On a GPU the fused kernel reads ``out`` and the state through the views handed
+    over: a target that resized or moved them sends the case to the torch oracle before
+    any launch (a read past them would fault the device: a crash that is not one)."""
+    from kda_fuzz.contracts import kda, packed_fused
+
+    launched: list[bool] = []
+    real = packed_fused.summary
+    monkeypatch.setattr(packed_fused, "summary",
+                        lambda *a, **k: launched.append(True) or real(*a, **k))
+    for change in ("none", "resize", "retype", "move"):
+        case = build(_layout(), "triton")
+        kwargs, before, bases, ref_args = _corrupt(case, "none", 0,
+                                                   reference_kda_packed_decode)
+        if change == "resize":
+            kwargs["out"].resize_(0)
+        elif change == "retype":
+            kwargs["initial_state"].data = kwargs["initial_state"].data.double()
+        elif change == "move":
+            kwargs["out"].set_(kwargs["out"].clone())
+        launched.clear()
+        verdict = kda._fused_pass(case, ref_args, kwargs, before, bases, kda.KDA_FUSED, None)
+        assert verdict is (change == "none") and launched == [True] * (change == "none"), change
+
+
 # One corruption of a correct result per rule of the KDA judge (or none).
 _CORRUPTIONS = ("none", "read-only", "out-guard", "padding-row", "out-value", "untouched-state",
                 "state-value", "overflow")

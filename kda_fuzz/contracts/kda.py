@@ -389,7 +389,7 @@ def _fused_pass(case: Case, views: dict[str, Any], kwargs: dict[str, Any],
     broken rule, or finds none)."""
     from . import packed_fused as pf
 
-    if pf.broken is not None:
+    if pf.broken is not None or not _as_handed(case, kwargs, after):
         return False
     out, state = kwargs["out"], kwargs["initial_state"]
     try:
@@ -416,6 +416,17 @@ def _fused_pass(case: Case, views: dict[str, Any], kwargs: dict[str, Any],
     if budget is not None and s[pf.OUT_RATIO] >= 0:
         budget[f"out/{_short_dtype(out.dtype)}"] = s[pf.OUT_RATIO]
         budget[f"state/{_short_dtype(state.dtype)}"] = s[pf.STATE_RATIO]
+    return True
+
+
+def _as_handed(case: Case, kwargs: dict[str, Any], after: dict[str, torch.Tensor]) -> bool:
+    """``out`` and ``initial_state`` are still the views handed over (a target may have
+    resized or re-typed them: the kernel would read past them; the torch oracle says so)."""
+    for name in ("out", "initial_state"):
+        t, arg, base = kwargs[name], case.tensors[name], after[name]
+        if (tuple(t.shape), t.stride(), t.dtype) != (arg.shape, arg.stride, arg.dtype) or \
+                t.data_ptr() != base.data_ptr() + arg.offset * base.element_size():
+            return False
     return True
 
 
