@@ -57,8 +57,7 @@ from .runner import (
 from .verdict import Verdict
 
 JOBS_PER_GPU = 4  # xdist workers sharing one GPU
-CAMPAIGN_JOBS_PER_GPU = 12  # ``--jobs auto``: campaign jobs sharing one GPU (H200 figures;
-# a job's host work bounds it, with one device sync per example)
+CAMPAIGN_JOBS_PER_GPU = 8  # ``--jobs auto``: campaign jobs sharing one GPU (H200 figures)
 PROGRESS_EVERY = 0.25  # seconds between a job's progress messages
 STALL_SECONDS = 600.0  # a job silent this long outside a target call is stuck (ours)
 

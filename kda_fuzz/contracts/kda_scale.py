@@ -273,19 +273,13 @@ def build_within_memory(s: ScaleLayout, variant: str, device: str) -> Case:
     raise AssertionError("unreachable")
 
 
-HOLDERS = 8  # jobs counted as holding a scale case at once (see device_budget)
-
-
 def device_budget(device: str, jobs: int = 1, share: float = 0.8) -> int:
     """Default scale budget: ``share`` of the device's free memory, split between the
-    ``jobs`` sharing it, counting at most ``HOLDERS`` of them (0 off cuda). Scale cases
-    are a few percent of a job's examples, and each is checked against the memory
-    actually free when it is built (``build_within_memory``): more jobs on one device do
-    not shrink the stratum's reach (a pool past 2^31 elements needs about 12 GiB)."""
+    ``jobs`` sharing it (0 off cuda)."""
     if not str(device).startswith("cuda") or not torch.cuda.is_available():
         return 0
     free = torch.cuda.mem_get_info(torch.device(device))[0]
-    return int(free * share / min(max(1, jobs), HOLDERS))
+    return int(free * share / max(1, jobs))
 
 
 # ------------------------------------------------------------------------- judging
