@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "share if larger")
     f.add_argument("--scale-budget", type=int, default=None, metavar="BYTES",
                    help="device bytes per scale case (default: 0.8 of the device's free "
-                        "memory, split between the jobs, at most 8)")
+                        "memory, split between the jobs)")
     f.add_argument("--shrink-seconds", type=float, default=30.0,
                    help="time allowed to minimize each distinct failure (default 30)")
     f.add_argument("--max-failures", type=int, default=20, metavar="N",
@@ -104,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "isolated; a crash costs one restart of a job)")
     f.add_argument("--jobs", "-j", default="1", metavar="N|auto",
                    help="run the campaign's plan as N supervised processes, each with its "
-                        "share of the breakage strata and compile families (auto: 12 per "
+                        "share of the breakage strata and compile families (auto: 8 per "
                         "GPU on cuda, one per core on cpu; default 1)")
     f.add_argument("--shard", default=None, metavar="I/N",
                    help="run shard I of N of the campaign: N shards of --max-examples each "
