@@ -147,6 +147,22 @@ def _tiny(dtype: torch.dtype) -> float:
     return fi.smallest_normal * fi.eps
 
 
+def _half_max(dtype: torch.dtype) -> float:
+    """Half the dtype's range: a float64 result past it is not judged numerically."""
+    return 0.5 * torch.finfo(dtype).max
+
+
+def _gamma(K: int) -> float:
+    """The forward-error factor of one accumulated product over K terms in float32."""
+    return 8.0 * (K + 16) * _U32
+
+
+def _scale_ulp(sc: float) -> float:
+    """The float32 rounding of ``|scale|``: 2^-24 relative, or the subnormal spacing
+    2^-149 when it is tiny (a float64 scale of 1e-44 is subnormal in float32)."""
+    return max(sc * _U32, 2.0**-149)
+
+
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
@@ -181,7 +197,7 @@ def packed_bounds(args: dict[str, Any], t: dict[str, torch.Tensor],
     ``[R, HV, V, K]``); shared by the packed decode families."""
     state, out = args["initial_state"], args["out"]
     K = state.shape[-1]
-    gamma = 8.0 * (K + 16) * _U32
+    gamma = _gamma(K)
     k_abs, q_abs = t["k"].abs(), t["q"].abs()
     # exp(g) and sigmoid(b) may underflow (or flush to zero) in float32: an absolute error
     # of one smallest normal each, multiplied by what they scale.
@@ -196,9 +212,7 @@ def packed_bounds(args: dict[str, Any], t: dict[str, torch.Tensor],
     e_state.add_(t["S0"].abs(), alpha=tiny32).add_(tiny32)  # tiny32 * (|S0| + 1)
     new_state, o = t["S"], t["o"]
     sc = abs(float(args["scale"]))
-    # scale itself is rounded to float32: by 2^-24 relative, or by up to the subnormal
-    # spacing 2^-149 when it is tiny (a float64 scale of 1e-44 is subnormal in float32).
-    sc_ulp = max(sc * _U32, 2.0**-149)
+    sc_ulp = _scale_ulp(sc)  # scale itself is rounded to float32
     S_abs = new_state.abs()
     Sq = torch.einsum("rhvk,rhk->rhv", S_abs, q_abs)
     e_out = sc * (
@@ -369,15 +383,28 @@ def _masks(case: Case, kwargs: dict[str, Any], before: dict[str, torch.Tensor],
     """Cells of the ``out`` base outside the view (guards), the state base's cells that
     changed outside the slots named by an index (``written``: two passes over the pool),
     and the padding rows; no device sync."""
-    guard = torch.ones_like(after["out"], dtype=torch.bool)
-    case.tensors["out"].view(guard).fill_(False)
     idx = case.tensors["ssm_state_indices"].view(before["ssm_state_indices"]).to(torch.long)
     n = case.tensors["initial_state"].shape[0]
     named = torch.zeros(n + 1, dtype=torch.bool, device=idx.device)
     named.index_fill_(0, torch.where((idx >= 0) & (idx < n), idx, n), True)
+    return {"guard": _out_guard(case, after), "written": _written(case, before, after, named[:n]),
+            "pad": kwargs["ssm_state_indices"] < 0}
+
+
+def _out_guard(case: Case, after: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The cells of ``out``'s base outside the view."""
+    guard = torch.ones_like(after["out"], dtype=torch.bool)
+    case.tensors["out"].view(guard).fill_(False)
+    return guard
+
+
+def _written(case: Case, before: dict[str, torch.Tensor], after: dict[str, torch.Tensor],
+             named: torch.Tensor) -> torch.Tensor:
+    """The state base's cells that changed outside the ``named`` slots (a bool per slot):
+    two passes over the pool."""
     written = _bits(after["initial_state"]) != _bits(before["initial_state"])
-    case.tensors["initial_state"].view(written).masked_fill_(named[:n, None, None, None], False)
-    return {"guard": guard, "written": written, "pad": kwargs["ssm_state_indices"] < 0}
+    case.tensors["initial_state"].view(written).masked_fill_(named[:, None, None, None], False)
+    return written
 
 
 def _fused_pass(case: Case, views: dict[str, Any], kwargs: dict[str, Any],
@@ -396,9 +423,7 @@ def _fused_pass(case: Case, views: dict[str, Any], kwargs: dict[str, Any],
         named = torch.zeros(state.shape[0], dtype=torch.int8, device=state.device)
         summary = pf.summary(views, state, out, gate_per_key=fused.gate_per_key, named=named)
         # the pool: every cell outside the slots the kernel saw named is bit-identical
-        written = _bits(after["initial_state"]) != _bits(before["initial_state"])
-        case.tensors["initial_state"].view(written).masked_fill_(
-            named.view(torch.bool)[:, None, None, None], False)
+        written = _written(case, before, after, named.view(torch.bool))
         flags = [_same_bytes(case, before, after), ~written.any()]
         values = torch.cat([torch.stack(flags).to(torch.float64), summary]).tolist()
     except Exception as e:
@@ -441,8 +466,7 @@ def _same_bytes(case: Case, before: dict[str, torch.Tensor], after: dict[str, to
         olds += [before["out"][c] for c in cut]
         news += [after["out"][c] for c in cut]
     else:
-        guard = torch.ones_like(after["out"], dtype=torch.bool)
-        arg.view(guard).fill_(False)
+        guard = _out_guard(case, after)
         olds.append(before["out"][guard])  # (a sync; valid layouts never come here)
         news.append(after["out"][guard])
     a = torch.cat([t.view(torch.uint8) for t in olds])  # 1-D bases and runs of them
@@ -465,7 +489,7 @@ def _fits(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Finite and within half the range of ``dtype`` (a device boolean)."""
     if t.numel() == 0:
         return torch.ones((), dtype=torch.bool, device=t.device)
-    return t.abs().amax() <= 0.5 * torch.finfo(dtype).max  # NaN and inf propagate: False
+    return t.abs().amax() <= _half_max(dtype)  # NaN and inf propagate: False
 
 
 def _all_pass(kwargs: dict[str, Any], before: dict[str, torch.Tensor],

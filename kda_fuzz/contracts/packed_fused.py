@@ -23,7 +23,8 @@ import triton.language as tl
 
 from kda_fuzz_kernels.kda_decode.reference import L2NORM_EPS
 
-_U32 = 2.0**-24
+from .kda import _U32, _eps, _gamma, _half_max, _scale_ulp, _tiny
+
 TILE = 1024  # elements of the [V, K] tile a program holds (float64, several live copies)
 
 # the summary: the largest |got - ref| / bound of ``out`` and of the state over live rows
@@ -174,11 +175,6 @@ def _judge_rows(
         tl.store(pbase + 3, 0.0)
 
 
-def _dtype_terms(dtype: torch.dtype) -> tuple[float, float, float]:
-    fi = torch.finfo(dtype)
-    return fi.eps, fi.smallest_normal * fi.eps, 0.5 * fi.max
-
-
 def _next_pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
@@ -200,11 +196,10 @@ def summary(views: dict[str, Any], got_state: torch.Tensor, got_out: torch.Tenso
     dev = state.device
     scale, lb = float(views["scale"]), views.get("lower_bound")
     sc = abs(scale)
-    eps_s, tiny_s, half_s = _dtype_terms(got_state.dtype)
-    eps_o, tiny_o, half_o = _dtype_terms(got_out.dtype)
-    values = [scale, sc, max(sc * _U32, 2.0**-149), lb or 0.0, max(1.0, abs(lb or 0.0)),
-              eps_s, tiny_s, eps_o, tiny_o, half_s, half_o, 8.0 * (K + 16) * _U32,
-              torch.finfo(torch.float32).smallest_normal, 4 * _U32, L2NORM_EPS]
+    ds, do = got_state.dtype, got_out.dtype
+    values = [scale, sc, _scale_ulp(sc), lb or 0.0, max(1.0, abs(lb or 0.0)),
+              _eps(ds), _tiny(ds), _eps(do), _tiny(do), _half_max(ds), _half_max(do),
+              _gamma(K), torch.finfo(torch.float32).smallest_normal, 4 * _U32, L2NORM_EPS]
     # (not named ``params``: Triton's generated binder has a local of that name)
     consts = torch.tensor(values, dtype=torch.float64)
     if dev.type == "cuda":  # from pinned memory: no sync
