@@ -218,13 +218,18 @@ class Arm:
     # passes the arm by while its stratum is over (None: no limit)
     time_share: float | None = None
 
+    @property
+    def stratum(self) -> str:
+        """``broken``, ``valid`` or ``scale``: the part of the plan the arm belongs to."""
+        return self.name.split(":")[0]
+
 
 def deal(arms: list[Arm], job: int, jobs: int) -> list[Arm]:
     """The arms that job ``job`` of ``jobs`` runs: broken and valid arms are each dealt out
     round-robin, so every job gets its share of both (see ``plan``'s ``parts``)."""
     arms = [replace(a, index=i) for i, a in enumerate(arms)]
-    broken = [a for a in arms if a.name.startswith("broken:")]
-    valid = [a for a in arms if not a.name.startswith("broken:")]
+    broken = [a for a in arms if a.stratum == "broken"]
+    valid = [a for a in arms if a.stratum != "broken"]
     return broken[job::jobs] + valid[job::jobs]
 
 
@@ -502,11 +507,11 @@ class Campaign:
         if arm.time_share is None or all(a.time_share is not None for a in arms):
             return False
         spent = self.report.stratum_seconds
-        return spent[arm.name.split(":")[0]] > arm.time_share * sum(spent.values())
+        return spent[arm.stratum] > arm.time_share * sum(spent.values())
 
     def _run_arm(self, arm: Arm, n: int, rounds: int) -> None:
         self._share = arm.share
-        self._stratum = arm.name.split(":")[0]
+        self._stratum = arm.stratum
         # every Hypothesis run starts with the arm's simplest case: after the first round
         # it is drawn and skipped (see _body), so an arm of one example per round does not
         # run that case again and again
@@ -520,7 +525,7 @@ class Campaign:
         try:
             hypothesis_seed((seed * 1009 + arm.index) * 7919 + rounds)(test)()
         finally:
-            self.report.stratum_seconds[arm.name.split(":")[0]] += time.monotonic() - t
+            self.report.stratum_seconds[arm.stratum] += time.monotonic() - t
 
     def _body(self, case: Case) -> None:
         pos: Position = (self._pos[0], self._pos[1], self._pos[2])
