@@ -4,6 +4,7 @@ jobs do), warm up (compiles), then run under cProfile; the merged profile is pri
 with the device syncs per example (``torch.cuda.set_sync_debug_mode``) by call site.
 
     python benchmarks/gpu_jobs_profile.py [--jobs 8] [--warm 20] [--seconds 15] [--top 30]
+                                       [--max-b N]
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ def _job(i: int, n: int, args: argparse.Namespace, out: str, start: Any, census:
     target = load_target(args.target)
 
     def run(seconds: float, seed: int) -> Any:
-        shaping = (dict(families=8, bucket=True, max_b=4096, budget=1 << 24)
+        sz = get_contract("kda").sizing
+        shaping = (dict(families=8, bucket=True, max_b=args.max_b or sz.cuda_max_b,
+                        budget=sz.cuda_budget)
                    if args.device == "cuda" else dict(budget=1 << 13, max_b=64, max_bhv=32))
         return campaign(get_contract("kda"), args.contract, [target], device=args.device,
                         max_examples=10**7, seed=seed, valid_share=args.valid_share,
@@ -83,6 +86,8 @@ def main() -> None:
     ap.add_argument("--warm", type=float, default=20.0)
     ap.add_argument("--seconds", type=float, default=15.0)
     ap.add_argument("--valid-share", type=float, default=1.0)
+    ap.add_argument("--max-b", type=int, default=None,
+                    help="largest batch size (default: the contract's cuda default)")
     ap.add_argument("--top", type=int, default=30)
     args = ap.parse_args()
     ctx = mp.get_context("spawn")

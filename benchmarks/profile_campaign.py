@@ -2,6 +2,7 @@
 ``--kernels`` (cuda) the device time per example and the kernels that take it.
 
     python benchmarks/profile_campaign.py [--device cuda] [--seconds 20] [--top 25] [--kernels]
+                                                [--max-b N]
 """
 
 from __future__ import annotations
@@ -42,11 +43,15 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--valid-share", type=float, default=1.0)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--max-b", type=int, default=None,
+                    help="largest batch size on cuda (default: the contract's)")
     ap.add_argument("--kernels", action="store_true",
                     help="profile device kernels (torch.profiler) instead of Python (cProfile)")
     args = ap.parse_args()
     cuda = args.device.startswith("cuda")
-    shaping = (dict(families=8, bucket=True, max_b=4096, budget=1 << 24) if cuda
+    sz = get_contract("kda").sizing
+    shaping = (dict(families=8, bucket=True, max_b=args.max_b or sz.cuda_max_b,
+                    budget=sz.cuda_budget) if cuda
                else dict(budget=1 << 13, max_b=64, max_bhv=32))
     target = load_target(args.target)
 

@@ -65,9 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "strides): fewer compiles (default: 0 on cpu, 8 on cuda)")
     f.add_argument("--max-b", type=int, default=None,
                    help="largest batch size (default: 256 on cpu, 64 for the project's "
-                        "interpreted kernels, 4096 on cuda)")
+                        "interpreted kernels, 16384 on cuda)")
     f.add_argument("--no-bucket", action="store_true",
-                   help="do not round B up to powers of two with padding rows on cuda")
+                   help="do not round B up to powers of four with padding rows on cuda")
     f.add_argument("--valid-share", type=float, default=0.5,
                    help="share of examples spent on valid layouts (default 0.5)")
     f.add_argument("--scale-share", type=float, default=None,

@@ -181,7 +181,7 @@ class Sizing:
     programs, rows x heads)."""
 
     cuda_budget: int = 1 << 24
-    cuda_max_b: int = 4096
+    cuda_max_b: int = 16384
     interpreted_budget: int = 1 << 13
     interpreted_max_b: int = 64
     interpreted_max_bhv: int = 32
