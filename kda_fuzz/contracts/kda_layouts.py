@@ -101,16 +101,24 @@ class KdaLayout:
 
 
 def _fill(gen: torch.Generator, n: int, kind: str, scale: float) -> torch.Tensor:
+    """``n`` float32 values of a profile kind (every stored dtype is at most float32 wide,
+    so nothing is lost; one kernel for the plain kinds)."""
     dev = gen.device
     if kind == "zeros" or n == 0:
-        return torch.zeros(n, dtype=torch.float64, device=dev)
-    x = torch.randn(n, generator=gen, dtype=torch.float64, device=dev)
+        return torch.zeros(n, dtype=torch.float32, device=dev)
+    std = scale * (1e-6 if kind == "tiny" else 1.0)
+    x = torch.empty(n, dtype=torch.float32, device=dev).normal_(0.0, std, generator=gen)
     if kind == "mixed":  # magnitudes spread over 1e-6..1e2, with exact zeros
-        mag = 10.0 ** (torch.rand(n, generator=gen, dtype=torch.float64, device=dev) * 8 - 6)
-        x = x * mag * (torch.rand(n, generator=gen, dtype=torch.float64, device=dev) > 0.1)
-    elif kind == "tiny":
-        x = x * 1e-6
-    return x if scale == 1.0 else x * scale  # (x * 1.0 is x: one launch less)
+        exp10 = torch.empty(n, dtype=torch.float32, device=dev).uniform_(-6.0, 2.0,
+                                                                         generator=gen)
+        keep = torch.rand(n, generator=gen, device=dev) > 0.1
+        x = x.mul_(torch.pow(10.0, exp10)).mul_(keep)
+    return x
+
+
+def _uniform(gen: torch.Generator, n: int, lo: float, width: float) -> torch.Tensor:
+    return torch.empty(n, dtype=torch.float32, device=gen.device).uniform_(lo, lo + width,
+                                                                           generator=gen)
 
 
 def strided_arg(shape: tuple[int, ...], dtype: torch.dtype, values: torch.Tensor | None,
@@ -202,11 +210,10 @@ def build(p: KdaLayout, variant: str, device: str = "cpu") -> Case:
     vals = p.values
     B, HV, K, V, g = p.B, p.HV, p.K, p.V, p.guard
     qkv = _fill(gen, B * p.width, vals.qkv_kind, vals.qkv_scale)
-    a = vals.gate_center + vals.gate_spread * torch.randn(B * HV * K, generator=gen,
-                                                          dtype=torch.float64, device=dev)
+    a = torch.empty(B * HV * K, dtype=torch.float32, device=dev).normal_(
+        vals.gate_center, vals.gate_spread, generator=gen)
     dt = _fill(gen, HV * K, "normal", vals.dt_scale)
-    A_log = vals.A_log_lo + vals.A_log_width * torch.rand(HV, generator=gen, dtype=torch.float64,
-                                                          device=dev)
+    A_log = _uniform(gen, HV, vals.A_log_lo, vals.A_log_width)
     b = _fill(gen, B * HV, "normal", vals.b_scale)
     slot = HV * V * K + p.slot_pad
     state = _fill(gen, p.num_slots * HV * V * K, vals.state_kind, vals.state_scale)
@@ -235,7 +242,7 @@ def build(p: KdaLayout, variant: str, device: str = "cpu") -> Case:
 
 
 def bucket_size(B: int) -> int:
-    """The batch bucket of ``B``: the next power of four (1, 4, 16, ..., 4096)."""
+    """The batch bucket of ``B``: the next power of four (1, 4, 16, 64, ...)."""
     size = 1
     while size < B:
         size *= 4
