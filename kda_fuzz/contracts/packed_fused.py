@@ -223,5 +223,6 @@ def summary(views: dict[str, Any], got_state: torch.Tensor, got_out: torch.Tenso
 
         launch_triton(_judge_rows, grid, dev, *args, **meta)
     else:
-        _judge_rows[grid](*args, **meta, num_warps=4)
+        tile = BK * BV  # small tiles (many programs of little work): fewer idle threads
+        _judge_rows[grid](*args, **meta, num_warps=1 if tile <= 256 else 2 if tile <= 512 else 4)
     return part.amax(0)
