@@ -4,7 +4,7 @@ jobs do), warm up (compiles), then run under cProfile; the merged profile is pri
 with the device syncs per example (``torch.cuda.set_sync_debug_mode``) by call site.
 
     python benchmarks/gpu_jobs_profile.py [--jobs 8] [--warm 20] [--seconds 15] [--top 30]
-                                       [--max-b N]
+                                       [--max-b N] [--flight]
 """
 
 from __future__ import annotations
@@ -29,18 +29,25 @@ def _job(i: int, n: int, args: argparse.Namespace, out: str, start: Any, census:
     import torch
 
     from kda_fuzz.contracts import get_contract
-    from kda_fuzz.runner import campaign, load_target
+    from kda_fuzz.parallel import _SharedRecorder
+    from kda_fuzz.runner import Campaign, CampaignOptions, Recorder, load_target
 
     target = load_target(args.target)
+    # the isolated default's per-example bookkeeping (a flight record; its progress
+    # messages go nowhere here), or none as with --no-isolate
+    recorder = (_SharedRecorder(mp.RawArray("d", 6), lambda pos: None, args.device)
+                if args.flight else Recorder())
 
     def run(seconds: float, seed: int) -> Any:
         sz = get_contract("kda").sizing
         shaping = (dict(families=8, bucket=True, max_b=args.max_b or sz.cuda_max_b,
                         budget=sz.cuda_budget)
                    if args.device == "cuda" else dict(budget=1 << 13, max_b=64, max_bhv=32))
-        return campaign(get_contract("kda"), args.contract, [target], device=args.device,
-                        max_examples=10**7, seed=seed, valid_share=args.valid_share,
-                        max_seconds=seconds, job=(i, n), **shaping)
+        options = CampaignOptions(device=args.device, max_examples=10**7, seed=seed,
+                                  valid_share=args.valid_share, max_seconds=seconds,
+                                  job=(i, n), **shaping)
+        return Campaign(get_contract("kda"), args.contract, [target], options=options,
+                        recorder=recorder).run()
 
     run(args.warm, 1)
     start.wait()
@@ -89,6 +96,8 @@ def main() -> None:
     ap.add_argument("--max-b", type=int, default=None,
                     help="largest batch size (default: the contract's cuda default)")
     ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--flight", action="store_true",
+                    help="keep a flight record per example, as the isolated default does")
     args = ap.parse_args()
     ctx = mp.get_context("spawn")
     out = tempfile.mkdtemp()

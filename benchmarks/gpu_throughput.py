@@ -6,6 +6,8 @@ cli-default: `kda-fuzz fuzz --device cuda --jobs N` as a user runs it (supervise
 cli-no-isolate: the same command with `--no-isolate` (no flight record, no restarts);
 naive:    one Hypothesis example = one layout of any batch size and shape (B <= 256),
           in one process; every new shape compiles anew.
+Every CLI run starts with empty compile caches (Triton's, which Helion uses, and
+Inductor's), as on a fresh CI machine: the order of the modes does not favour any.
 The valid-layout campaign (`--valid-share 1`) is the throughput figure; the CLI's default
 plan (broken and valid layouts, `--valid-share 0.5`) is reported beside it.
 
@@ -24,6 +26,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -81,14 +84,19 @@ def run_naive(target: str, variant: str, seconds: float, seed: int) -> dict[str,
 
 def run_cli(mode: str, target: str, variant: str, seconds: float, seed: int, jobs: str,
             valid_share: float, extra: list[str]) -> dict[str, Any]:
-    """The CLI exactly as a user runs it; wall time includes start-up and minimization."""
+    """The CLI exactly as a user runs it; wall time includes start-up and minimization.
+    Each run starts with empty Triton and Inductor caches, so that every mode pays the
+    same compiles whatever ran before it."""
     cmd = [sys.executable, "-m", "kda_fuzz", "fuzz", "--device", "cuda", "--target", target,
            "--contract", variant, "--jobs", jobs, "--max-examples", str(10**7),
            "--max-seconds", str(seconds), "--seed", str(seed), "--valid-share",
            str(valid_share), "--no-save", "--json", *extra]
-    t0 = time.perf_counter()
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory() as cache:  # compile caches of a fresh machine
+        env = {**os.environ, "TRITON_CACHE_DIR": f"{cache}/triton",
+               "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor"}
+        t0 = time.perf_counter()
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        wall = time.perf_counter() - t0
     if r.returncode not in (0, 1):
         raise SystemExit(f"{' '.join(cmd)} exited {r.returncode}:\n{r.stderr[-3000:]}")
     summary = json.loads(r.stdout.strip().splitlines()[-1])
