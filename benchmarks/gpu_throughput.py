@@ -12,7 +12,8 @@ The valid-layout campaign (`--valid-share 1`) is the throughput figure; the CLI'
 plan (broken and valid layouts, `--valid-share 0.5`) is reported beside it.
 
 Prints examples/s and verified rows/s over the wall time of each command (rows of valid
-cases that were judged), and the rows/s of each stratum (valid families, scale).
+cases that were judged: live and padding rows), live rows/s (the rows compared with the
+reference), and the rows/s of each stratum (valid families, scale).
 
     python benchmarks/gpu_throughput.py [--seconds 60] [--naive-seconds 15] [--jobs auto]
                                         [--modes ...] [--cli-args '--scale-share 0']
@@ -78,7 +79,8 @@ def run_naive(target: str, variant: str, seconds: float, seed: int) -> dict[str,
                    max_examples=10**7, seed=seed, valid_share=1.0, max_seconds=seconds,
                    **NAIVE)
     wall = time.perf_counter() - t0
-    return {"mode": "naive", "examples": rep.examples, "rows": rep.rows, "wall": wall,
+    return {"mode": "naive", "examples": rep.examples, "rows": rep.rows,
+            "live_rows": rep.live_rows, "wall": wall,
             "failures": len(rep.failures), **meter.summary()}
 
 
@@ -101,6 +103,7 @@ def run_cli(mode: str, target: str, variant: str, seconds: float, seed: int, job
         raise SystemExit(f"{' '.join(cmd)} exited {r.returncode}:\n{r.stderr[-3000:]}")
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     return {"mode": mode, "examples": summary["examples"], "rows": summary["valid_rows"],
+            "live_rows": summary["live_rows"],
             "wall": wall, "campaign_s": summary["seconds"], "failures": summary["failures"],
             "notes": summary.get("notes", []),
             "stratum_seconds": summary.get("stratum_seconds", {}),
@@ -138,12 +141,15 @@ def main() -> None:
           f"{os.cpu_count()} CPU cores")
     print("ex/s and rows/s are over the wall time of the whole command (start-up, compiles "
           "and minimization included); campaign s is the campaign alone")
+    print("rows: every row of the valid cases judged (live and padding rows); live: the rows "
+          "that name a slot, whose out and state were compared with the reference")
     print(f"{'mode':18} {'wall s':>7} {'campaign s':>10} {'examples':>9} {'ex/s':>7} "
-          f"{'rows':>10} {'rows/s':>10} failures")
+          f"{'rows':>10} {'rows/s':>10} {'live/s':>10} failures")
     for r in rows:
         print(f"{r['mode']:18} {r['wall']:7.1f} {r.get('campaign_s', r['wall']):10.1f} "
               f"{r['examples']:9d} {r['examples'] / r['wall']:7.1f} {r['rows']:10d} "
-              f"{r['rows'] / r['wall']:10.0f} {r['failures']}")
+              f"{r['rows'] / r['wall']:10.0f} {r['live_rows'] / r['wall']:10.0f} "
+              f"{r['failures']}")
     for r in rows:  # where the jobs' time went (summed over jobs)
         shares = time_shares(SimpleNamespace(**r))
         if shares:

@@ -330,5 +330,6 @@ def minimize_with_verdict(contract: Contract, case: Case, target_fn: Callable[..
     rows = shrinker.rows(current) if shrinker is not None else None
     if "rows" in notes and rows is not None:
         notes["rows"] = rows
+    notes.pop("live_rows", None)  # the original's count, not the minimized case's
     return Case(current.contract, current.variant, current.tensors, current.scalars,
                 current.intent, notes), hint

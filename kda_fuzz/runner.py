@@ -58,6 +58,7 @@ class Report:
     targets: list[str]
     examples: int = 0
     rows: int = 0
+    live_rows: int = 0  # of ``rows``: those with a slot, compared with the reference
     tail_rows: int = 0
     valid_cases: int = 0
     broken_cases: int = 0
@@ -86,12 +87,13 @@ class Report:
     # scale stratum: the largest of each size its cases report (``notes["scale_sizes"]``)
     scale_largest: dict[str, int] = field(default_factory=dict)
 
-    COUNTERS = ("examples", "rows", "tail_rows", "valid_cases", "broken_cases", "skipped",
-                "compiling_seconds")
+    COUNTERS = ("examples", "rows", "live_rows", "tail_rows", "valid_cases", "broken_cases",
+                "skipped", "compiling_seconds")
 
     def record(self, outcome: Outcome, case: Case, stratum: str = "valid") -> None:
         """Count one judged example (its first target's outcome) of ``stratum``; the rows
-        of a valid case count as verified unless it was not judged (``skip``)."""
+        of a valid case (live and padding rows; ``live_rows`` the live ones) count as
+        verified unless it was not judged (``skip``)."""
         self.examples += 1
         exp = outcome.expectation
         if outcome.status == "gap":
@@ -102,6 +104,7 @@ class Report:
             if outcome.status != "skip":
                 rows = int(case.notes.get("rows", 1))
                 self.rows += rows
+                self.live_rows += int(case.notes.get("live_rows", rows))
                 self.stratum_rows[stratum] += rows
                 self.tail_rows += int(case.notes.get("tail_rows", 0))
         else:
@@ -163,6 +166,7 @@ class Report:
             "seed": self.seed,
             "examples": self.examples,
             "valid_rows": self.rows,
+            "live_rows": self.live_rows,
             "bucket_padding_rows": self.tail_rows,
             "valid_cases": self.valid_cases,
             "broken_cases": self.broken_cases,

@@ -66,6 +66,20 @@ def test_bucketed_batches_are_powers_of_four_with_trailing_padding() -> None:
     probe()
 
 
+def test_live_rows_are_the_rows_that_name_a_slot() -> None:
+    """``notes["live_rows"]``: what the campaign counts as rows held to the reference."""
+
+    @settings(max_examples=40)
+    @given(layouts("triton", budget=1 << 14, max_b=64, bucket=True))
+    def probe(p: KdaLayout) -> None:
+        case = build(p, "triton")
+        idx = case.tensors["ssm_state_indices"].view().to(torch.long)
+        assert case.notes["live_rows"] == int((idx >= 0).sum())
+        assert case.notes["live_rows"] <= p.B - p.tail_padding
+
+    probe()
+
+
 def test_families_fix_what_kernels_compile_for() -> None:
     fams = families("helion", 5, seed=3, budget=1 << 16)
     assert len(fams) == 5

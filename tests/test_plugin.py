@@ -57,7 +57,7 @@ KERNEL = f"""
 
 
 def _corpus_file(directory: Path, target: str = "mykernel:buggy") -> Path:
-    case = build(KdaLayout(B=2, H=1, HV=2, K=4, V=4, spare_slots=1, padding="some",
+    case = build(KdaLayout(B=2, H=1, HV=2, K=4, V=4, spare_slots=1, padding="none",
                            qkv_row_pad=1, slot_pad=0, guard=1, values=Values(), seed=3),
                  "triton")
     return save_case(case, None, directory, description="valid layout",

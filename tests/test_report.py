@@ -222,15 +222,17 @@ def test_verified_rows_leave_out_unjudged_cases_and_are_split_by_stratum() -> No
     for its dtype is not), per stratum too (``stratum_rows``), through a job's counters."""
     from kda_fuzz.oracle import Outcome, expectation
 
-    case = build(KdaLayout(B=5, H=1, HV=2, K=4, V=4, seed=1), "triton")
+    case = build(KdaLayout(B=5, H=1, HV=2, K=4, V=4, padding="first", seed=1), "triton")
     exp = expectation(KDA, case)
     r = Report("kda", "triton", [])
     r.record(Outcome("pass", exp), case, "valid")
     r.record(Outcome("skip", exp, note="not judged"), case, "valid")
     r.record(Outcome("fail", exp), case, "scale")
-    assert (r.valid_cases, r.skipped, r.rows) == (3, 1, 10)
+    assert (r.valid_cases, r.skipped, r.rows, r.live_rows) == (3, 1, 10, 8)
     assert r.stratum_rows == {"valid": 5, "scale": 5}
     merged = Report("kda", "triton", [])
     merged.add_counters(r.counters())
-    assert merged.rows == 10 and merged.stratum_rows == r.stratum_rows
+    assert (merged.rows, merged.live_rows) == (10, 8)
+    assert merged.stratum_rows == r.stratum_rows
+    assert r.to_json()["live_rows"] == 8
     assert r.to_json()["stratum_rows"] == {"valid": 5, "scale": 5}

@@ -175,26 +175,37 @@ def _row_strided(gen: torch.Generator, rows: int, width: int, pad: int, dtype: t
     return strided_arg((rows, width), dtype, values, (width + pad, 1), guard, gen.device)
 
 
-def _indices(p: KdaLayout, gen: torch.Generator) -> torch.Tensor:
-    B, dev = p.B, gen.device
-    pad = torch.zeros(B, dtype=torch.bool, device=dev)
+def _padding(p: KdaLayout) -> torch.Tensor | None:
+    """Which rows are padding (a host mask: its count is known without a device sync;
+    None: no row is)."""
+    B = p.B
     if p.padding == "some":
-        pad = torch.rand(B, generator=gen, device=dev) < 0.3
+        pad = torch.rand(B, generator=torch.Generator().manual_seed(p.seed)) < 0.3
     elif p.padding == "all":
-        pad[:] = True
-    elif p.padding == "first":
-        pad[:1] = True  # slices are filled on the device; pad[0] = True copies (a sync)
-    elif p.padding == "last":
-        pad[-1:] = True
-    if p.tail_padding:
-        pad[B - p.tail_padding :] = True
+        pad = torch.ones(B, dtype=torch.bool)
+    else:
+        pad = torch.zeros(B, dtype=torch.bool)
+        if p.padding == "first":
+            pad[:1] = True
+        elif p.padding == "last":
+            pad[-1:] = True
+    pad[B - p.tail_padding :] = True
+    return pad if bool(pad.any()) else None
+
+
+def _indices(p: KdaLayout, gen: torch.Generator, pad: torch.Tensor | None) -> torch.Tensor:
+    B, dev = p.B, gen.device
     idx = torch.randperm(p.num_slots, generator=gen, device=dev)[:B].to(torch.int64)
+    if pad is None:
+        return idx
     if p.pad_value == "-1":
         neg = torch.full((B,), -1, dtype=torch.int64, device=dev)
     elif p.pad_value == "min":
         neg = torch.full((B,), -(2**31), dtype=torch.int64, device=dev)
     else:
         neg = -torch.randint(1, p.num_slots + 3, (B,), generator=gen, device=dev)
+    if dev.type == "cuda":  # from pinned memory: no sync
+        pad = pad.pin_memory().to(dev, non_blocking=True)
     return torch.where(pad, neg, idx)
 
 
@@ -217,6 +228,7 @@ def build(p: KdaLayout, variant: str, device: str = "cpu") -> Case:
     b = _fill(gen, B * HV, "normal", vals.b_scale)
     slot = HV * V * K + p.slot_pad
     state = _fill(gen, p.num_slots * HV * V * K, vals.state_kind, vals.state_scale)
+    pad = _padding(p)
     tensors = {
         "mixed_qkv": _row_strided(gen, B, p.width, p.qkv_row_pad, p.qkv_dtype, qkv, g),
         "a": _row_strided(gen, B, HV * K, p.a_row_pad, p.ab_dtype, a, g),
@@ -226,7 +238,7 @@ def build(p: KdaLayout, variant: str, device: str = "cpu") -> Case:
         "initial_state": strided_arg((p.num_slots, HV, V, K), p.state_dtype, state,
                                      (slot, V * K, K, 1), g, dev),
         "out": strided_arg((B, 1, HV, V), p.out_dtype, None, guard=g, device=dev),
-        "ssm_state_indices": strided_arg((B,), p.idx_dtype, _indices(p, gen), guard=g,
+        "ssm_state_indices": strided_arg((B,), p.idx_dtype, _indices(p, gen, pad), guard=g,
                                          device=dev),
     }
     scalars = {
@@ -234,8 +246,9 @@ def build(p: KdaLayout, variant: str, device: str = "cpu") -> Case:
         "use_qk_l2norm_in_kernel": p.use_qk_l2norm_in_kernel,
         "lower_bound": p.lower_bound,
     }
-    return Case("kda", variant, tensors, scalars, ("valid",), {"layout": repr(p), "rows": B,
-                                                          "tail_rows": p.tail_padding})
+    live = B - (int(pad.sum()) if pad is not None else 0)
+    return Case("kda", variant, tensors, scalars, ("valid",), {
+        "layout": repr(p), "rows": B, "live_rows": live, "tail_rows": p.tail_padding})
 
 
 # ------------------------------------------------------------------- valid layouts

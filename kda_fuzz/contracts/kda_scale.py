@@ -225,7 +225,7 @@ def build_scale(s: ScaleLayout, variant: str, device: str | torch.device = "cpu"
     rows.tensors["initial_state"] = pool
     rows.tensors["ssm_state_indices"] = strided_arg((p.B,), p.idx_dtype, idx, guard=p.guard,
                                                     device=dev)
-    rows.notes = notes
+    rows.notes = {**notes, "live_rows": int((idx >= 0).sum())}  # (a sync: cases of a second)
     return _with_sizes(rows)
 
 
