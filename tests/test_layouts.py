@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import find, given, settings
 from hypothesis import strategies as st
 
 from kda_fuzz.contracts import get_contract
@@ -59,11 +59,37 @@ def test_bucketed_batches_are_powers_of_four_with_trailing_padding() -> None:
     @given(layouts("helion", budget=1 << 20, max_b=4096, bucket=True))
     def probe(p: KdaLayout) -> None:
         assert p.B == bucket_size(p.B) and 0 <= p.tail_padding < p.B
+        # the rows the layout drew fill more than the bucket below
+        assert p.B - p.tail_padding > p.B // 4 or p.B == 1
         idx = build(p, "helion").tensors["ssm_state_indices"].view()
         if p.tail_padding:
             assert bool((idx[p.B - p.tail_padding:] < 0).all())
 
     probe()
+
+
+def test_bucketed_batches_reach_full_and_nearly_full_buckets_within_the_cap() -> None:
+    fam = min(families("helion", 3, seed=2, budget=1 << 16), key=lambda f: f.HV * f.K * f.V)
+    cap = (1 << 16) // (fam.HV * fam.K * fam.V)  # 2,730 rows: the 4,096 bucket, not full
+    assert 1024 < cap < 4096
+    strategy = layouts("helion", budget=1 << 16, max_b=4096, bucket=True, family=fam)
+    full = find(strategy, lambda p: p.B >= 256 and p.tail_padding == 0)
+    assert full.B == 256 and full.B <= bucket_size(cap)
+    short = find(strategy, lambda p: p.B >= 64 and 0 < p.tail_padding <= 3)
+    assert short.B == 64
+
+    rows = [0, 0]  # all rows, filler rows
+
+    @settings(max_examples=200, derandomize=True, database=None)
+    @given(strategy)
+    def probe(p: KdaLayout) -> None:
+        assert p.B - p.tail_padding <= min(4096, cap)
+        rows[0] += p.B
+        rows[1] += p.tail_padding
+
+    probe()
+    # most rows are the layout's own (a draw of B then rounded up left about half filler)
+    assert rows[1] < 0.35 * rows[0], rows
 
 
 def test_live_rows_are_the_rows_that_name_a_slot() -> None:

@@ -254,6 +254,9 @@ def build(p: KdaLayout, variant: str, device: str = "cpu") -> Case:
 # ------------------------------------------------------------------- valid layouts
 
 
+BUCKETS = tuple(4**i for i in range(16))  # batch buckets: 1, 4, 16, ..., 4^15
+
+
 def bucket_size(B: int) -> int:
     """The batch bucket of ``B``: the next power of four (1, 4, 16, 64, ...)."""
     size = 1
@@ -296,6 +299,21 @@ def values() -> st.SearchStrategy[Values]:
     return _VALUES
 
 
+def _batch(draw: Callable, cap: int, max_b: int, bucket: bool) -> tuple[int, int]:
+    """Rows B (at most ``cap``) and, with ``bucket``, the padding rows that fill B up to
+    its bucket. Bucketed, the bucket is drawn first, then how far short of it B falls:
+    not at all, a few rows, or anywhere down to the bucket below (a kernel sees the
+    bucket's size whatever B is; most of its rows are the layout's own, not filler)."""
+    if not bucket:
+        return max(1, min(cap, draw(st.one_of(st.sampled_from(EDGE_B),
+                                              st.integers(1, max_b))))), 0
+    top = draw(st.sampled_from([b for b in BUCKETS if b <= bucket_size(cap)]))
+    short = draw(st.one_of(st.just(0), st.integers(1, 3),
+                           st.integers(0, max(0, top - top // 4 - 1))))
+    B = max(1, min(cap, top - short))
+    return B, bucket_size(B) - B
+
+
 @st.composite
 def layouts(draw: Callable, variant: str, budget: int = DEFAULT_BUDGET,
             max_b: int = 256, max_spare: int = 64, bucket: bool = False,
@@ -309,9 +327,7 @@ def layouts(draw: Callable, variant: str, budget: int = DEFAULT_BUDGET,
     B * HV (programs of an interpreted kernel launch)."""
     if family is not None:
         per_row = max(1, family.HV * family.V * family.K)
-        B = draw(st.one_of(st.sampled_from(EDGE_B), st.integers(1, max_b)))
-        B = max(1, min(B, max_b, budget // per_row))
-        tail = bucket_size(B) - B if bucket else 0
+        B, tail = _batch(draw, max(1, min(max_b, budget // per_row)), max_b, bucket)
         return replace(
             family, B=B + tail, tail_padding=tail,
             padding=draw(st.sampled_from(("none", "some", "first", "last", "all"))),
@@ -325,9 +341,8 @@ def layouts(draw: Callable, variant: str, budget: int = DEFAULT_BUDGET,
     H = draw(st.integers(1, min(8, max_hv)))
     HV = H * draw(st.integers(1, max(1, min(8, max_hv // H))))
     cap = max(1, min(max_b, budget // (HV * per_head), (max_bhv or HV * max_b) // HV))
-    B = min(cap, draw(st.one_of(st.sampled_from(EDGE_B), st.integers(1, max_b))))
+    B, tail = _batch(draw, cap, max_b, bucket)
     max_spare = max(0, min(max_spare, 2 * budget // (HV * per_head) - B))
-    tail = bucket_size(B) - B if bucket else 0
     qkv_dtype = draw(st.sampled_from(FLOATS))
     same_or = st.sampled_from((qkv_dtype, *FLOATS))
     return KdaLayout(
