@@ -116,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "replayed first, this run's new ones stored")
     r = sub.add_parser("replay", help="replay saved corpus files against a target")
     _common(r)
+    r.add_argument("--timeout", type=float, default=60.0,
+                   help="seconds a target may run on a crash-, timeout- or flaky- file (each "
+                        "runs in a worker) before it counts as hung (default 60)")
     r.add_argument("paths", nargs="+", metavar="PATH", help="corpus files or folders")
     from .merge import add_parser as add_merge
 
@@ -477,6 +480,8 @@ def _replay(args: argparse.Namespace) -> int:
     from .runner import default_targets
 
     contract = _contract(args)
+    if args.timeout <= 0:
+        raise UsageError("--timeout must be positive")
     _prepare_device(args.device, contract)
     # No --target: each file is replayed on the project's configured targets for its
     # variant, else on kda-fuzz's own kernels.
@@ -490,7 +495,7 @@ def _replay(args: argparse.Namespace) -> int:
             return ([load_target(t) for t in specs] if specs
                     else default_targets(contract, variant))
     return replay_command(contract, args.contract, targets, args.paths, device=args.device,
-                          as_json=args.json)
+                          as_json=args.json, timeout=args.timeout)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

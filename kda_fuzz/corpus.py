@@ -793,20 +793,26 @@ def replay_case(contract: Contract, case: Case, targets: Sequence[Any]
     return [(t.name, run_case(contract, case, t.fn)) for t in targets]
 
 
+FLAKY_RUNS = 5
+HARD_TIMEOUT = 60.0  # seconds a worker's target may run before it counts as hung
+
+
 def replay_entry(contract: Contract, case: Case, kind: str, targets: Sequence[Any], *,
-                 device: str = "cpu") -> list[tuple[str, Outcome]]:
+                 device: str = "cpu", timeout: float = HARD_TIMEOUT
+                 ) -> list[tuple[str, Outcome]]:
     """Replay one corpus entry the way its kind needs: the one replay path of
     ``kda-fuzz replay`` and the pytest corpus items.
 
     ``crash-`` and ``timeout-`` entries run each target in a worker process, so one that
     still aborts or hangs fails the entry and the session goes on; ``flaky-`` entries run
-    ``FLAKY_RUNS`` times, isolated, and pass only when every run passes; the others run in
-    this process (``case`` is moved to ``device``)."""
+    ``FLAKY_RUNS`` times, isolated, and pass only when every run passes (a call past
+    ``timeout`` seconds is a hang); the others run in this process (``case`` is moved to
+    ``device``)."""
     if kind not in ("crash", "timeout", "flaky"):
         return replay_case(contract, case if device == "cpu" else case.on(device), targets)
     out = []
     for t in targets:
-        with IsolatedTarget(contract, t.name, timeout=HARD_TIMEOUT, device=device) as iso:
+        with IsolatedTarget(contract, t.name, timeout=timeout, device=device) as iso:
             outcome = iso.run(case)
             for _ in range(FLAKY_RUNS - 1 if kind == "flaky" else 0):
                 if not passed(outcome):
@@ -814,10 +820,6 @@ def replay_entry(contract: Contract, case: Case, kind: str, targets: Sequence[An
                 outcome = iso.run(case)
         out.append((t.name, outcome))
     return out
-
-
-FLAKY_RUNS = 5
-HARD_TIMEOUT = 60.0
 
 
 def passed(outcome: Outcome) -> bool:
@@ -854,7 +856,7 @@ def _short(text: str, n: int = 240) -> str:
 
 def replay_file(path: Path, contract: Contract, variant: str | None,
                 targets: Sequence[Any] | Callable[[str], Sequence[Any]] | None, *,
-                device: str = "cpu",
+                device: str = "cpu", timeout: float = HARD_TIMEOUT,
                 note: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Replay one file; a JSON-able record with ``status`` PASS, FAIL, STALE (the contract
 changed since the file was saved: ``reason`` says how; nothing is run) or ERROR.
@@ -897,7 +899,8 @@ changed since the file was saved: ``reason`` says how; nothing is run) or ERROR.
         rec["note"] = (f"recorded on {' vs '.join(recorded)}, replayed against "
                        f"{', '.join(t.name for t in chosen)}")
     try:
-        results = replay_entry(contract, case, meta["kind"], chosen, device=device)
+        results = replay_entry(contract, case, meta["kind"], chosen, device=device,
+                               timeout=timeout)
     except Exception as e:  # the oracle itself failed on this file
         rec["error"] = f"oracle error: {type(e).__name__}: {e}"
         return rec
@@ -923,7 +926,8 @@ changed since the file was saved: ``reason`` says how; nothing is run) or ERROR.
 
 def replay_command(contract: Contract, variant: str | None,
                    targets: Sequence[Any] | Callable[[str], Sequence[Any]] | None,
-                   paths: Sequence[str], *, device: str = "cpu", as_json: bool = False) -> int:
+                   paths: Sequence[str], *, device: str = "cpu", as_json: bool = False,
+                   timeout: float = HARD_TIMEOUT) -> int:
     """``kda-fuzz replay``: 0 when every file passes, 1 on any failure or bad file, 2 on
     usage errors (a path that does not exist, no corpus file found).
 
@@ -945,7 +949,8 @@ def replay_command(contract: Contract, variant: str | None,
 
     records = []
     for path in files:
-        rec = replay_file(path, contract, variant, targets, device=device, note=note)
+        rec = replay_file(path, contract, variant, targets, device=device, timeout=timeout,
+                          note=note)
         records.append(rec)
         if not as_json:
             if rec["status"] == "PASS":

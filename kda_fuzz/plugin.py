@@ -29,7 +29,10 @@ In a project that opts in:
   file name), marked ``corpus`` (and ``gpu`` on a cuda session). The folders are those of
   ``corpus`` in ``[tool.kda-fuzz]`` (default ``["corpus"]``, relative to pyproject.toml)
   and of the ``kda_fuzz_corpus`` ini key; with neither, ``corpus/`` in the rootdir.
-  A bad file is a failing item naming the file.
+  A bad file is a failing item naming the file. ``crash-``, ``timeout-`` and ``flaky-``
+  files run in a worker process (``corpus.replay_entry``, as ``kda-fuzz replay`` does): a
+  target that still aborts fails its own item; one that runs past
+  ``--kda-corpus-timeout`` seconds (default 60) is a hang.
 
 Many machines: ``--kda-shard I/N`` runs shard I of N of the session's tests (the collected
 items in node-id order, every N-th from the I-th; the others are deselected), so N CI
@@ -104,6 +107,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     metavar="MODULE:CALLABLE",
                     help="replay corpus files against this callable instead of the "
                          "configured targets (repeatable)")
+    group.addoption("--kda-corpus-timeout", type=float, default=60.0, metavar="SECONDS",
+                    help="seconds a target may run on a crash-, timeout- or flaky- corpus "
+                         "file (each runs in a worker) before it counts as hung (default 60)")
     group.addoption("--kda-shard", default=None, metavar="I/N",
                     help="run shard I of N of the collected tests (node-id order, every N-th "
                          "from the I-th; the rest deselected)")
@@ -150,6 +156,8 @@ def _resolve(config: pytest.Config) -> State:
 @pytest.hookimpl(tryfirst=True)  # before Hypothesis' own, so --hypothesis-profile wins
 def pytest_configure(config: pytest.Config) -> None:
     _session_shard(config)  # a bad --kda-shard is a usage error, opted in or not
+    if config.getoption("--kda-corpus-timeout") <= 0:
+        raise pytest.UsageError("kda-fuzz: --kda-corpus-timeout must be positive")
     st = state(config)
     if not st.active:
         return
@@ -385,7 +393,9 @@ class CorpusItem(pytest.Item):
             raise CorpusReplayFailure(f"{self.path}: cannot load a target: {e}") from None
         device = device_name(self.config)
         lines = []
-        for name, outcome in replay_entry(contract, case, meta["kind"], targets, device=device):
+        timeout = self.config.getoption("--kda-corpus-timeout")
+        for name, outcome in replay_entry(contract, case, meta["kind"], targets, device=device,
+                                          timeout=timeout):
             if not passed(outcome):
                 assert outcome.verdict is not None
                 lines.append(f"  {name}: {outcome.verdict.summary()}\n"

@@ -721,6 +721,19 @@ def test_replay_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert report["passed"] == 1 and report["exit_code"] == 0 and len(report["files"]) == 1
 
 
+def test_replay_timeout_is_how_long_a_worker_target_may_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from kda_fuzz.verdict import Verdict
+
+    path = save_case(_case(B=2, padding="none"),
+                     Verdict("timeout", "no-return", "did not return within 3 s"), tmp_path)
+    assert cli_main(["replay", "--target", "tests.hostile_targets:hangs", "--timeout", "2",
+                     str(path)]) == 1
+    assert "did not return within 2 s" in capsys.readouterr().out
+    assert cli_main(["replay", "--target", REFERENCE, "--timeout", "0", str(path)]) == 2
+    assert "--timeout must be positive" in capsys.readouterr().err
+
+
 def test_replay_variant_file_wins_unless_contract_is_given(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # A helion-variant file with K = 6: the helion contract prescribes check 14, which the

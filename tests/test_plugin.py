@@ -178,3 +178,25 @@ def test_no_table_means_not_opted_in_and_bad_tables_are_errors(tmp_path: Path) -
         (tmp_path / "pyproject.toml").write_text(f"[tool.kda-fuzz]\n{bad}\n")
         with pytest.raises(ConfigError, match=words.replace("(", r"\(").replace(")", r"\)")):
             load_config(tmp_path)
+
+
+def test_a_hanging_target_fails_its_timeout_item_within_the_users_timeout(
+        pytester: pytest.Pytester) -> None:
+    """timeout- items run in a worker; ``--kda-corpus-timeout`` is how long it may run."""
+    from kda_fuzz.verdict import Verdict
+
+    _project(pytester, "[tool.kda-fuzz]\n[tool.kda-fuzz.targets.kda]\n"
+                       "triton = ['slowkernel:hangs']\n")
+    pytester.makepyfile(slowkernel="import time\n\ndef hangs(*args):\n    time.sleep(3600)\n")
+    for f in (pytester.path / "corpus").glob("*.json"):
+        f.unlink()
+    case = build(KdaLayout(B=2, H=1, HV=2, K=4, V=4, seed=3), "triton")
+    save_case(case, Verdict("timeout", "no-return", "did not return within 3 s"),
+              pytester.path / "corpus")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--kda-corpus-timeout",
+                                           "2", "corpus")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*slowkernel:hangs: [[]timeout]*did not return within 2 s*"])
+    result = pytester.runpytest_subprocess("--kda-corpus-timeout", "0")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--kda-corpus-timeout must be positive" in result.stderr.str()
