@@ -71,6 +71,7 @@ import math
 import os
 import platform
 import re
+import shlex
 import sys
 import uuid
 import zlib
@@ -820,6 +821,20 @@ def replay_entry(contract: Contract, case: Case, kind: str, targets: Sequence[An
                 outcome = iso.run(case)
         out.append((t.name, outcome))
     return out
+
+
+def replay_command_line(target: str, path: str | os.PathLike[str], *, variant: str | None = None,
+                        device: str = "cpu", timeout: float = HARD_TIMEOUT) -> str:
+    """The ``kda-fuzz replay`` command that runs ``path`` against ``target`` as it ran
+    (its device; its timeout when not the default)."""
+    words = ["kda-fuzz replay --target", shlex.quote(target)]
+    if variant:
+        words += ["--contract", variant]
+    if device != "cpu":
+        words += ["--device", device]
+    if timeout != HARD_TIMEOUT:
+        words += ["--timeout", f"{timeout:g}"]
+    return " ".join([*words, shlex.quote(str(path))])
 
 
 def passed(outcome: Outcome) -> bool:

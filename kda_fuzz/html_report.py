@@ -27,7 +27,7 @@ from typing import Any
 
 from .atomic import write_atomic
 from .contracts import get_contract
-from .progress import check_counts, layout_of
+from .progress import check_counts, layout_of, reproduce
 
 FILE_NAME = "kda-fuzz-report.html"
 RATIO_FLOOR = 1e-12  # ratios below (exact results) are drawn at the floor
@@ -107,9 +107,8 @@ def _failures(report: Any) -> str:
                  f"<p><b>Layout</b></p><pre>{_e(layout_of(f.case))}</pre>"]
         if f.saved:
             items.append(f"<p><b>Saved</b>: <code>{_e(f.saved)}</code></p>")
-            items.append("<p><b>Reproduce</b></p><pre>" + _e(
-                f"kda-fuzz replay --target {f.target} --contract {report.variant} {f.saved}")
-                + "</pre>")
+            items.append("<p><b>Reproduce</b></p><pre>" + _e(reproduce(f, report.variant))
+                         + "</pre>")
         elif getattr(f, "note", ""):
             items.append(f"<p class='warn'>{_e(f.note)}</p>")
         else:

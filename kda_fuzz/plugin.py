@@ -357,7 +357,14 @@ class CorpusItem(pytest.Item):
 
     def runtest(self) -> None:
         from .contracts import get_contract
-        from .corpus import CorpusError, load_case, passed, replay_entry, stale_reason
+        from .corpus import (
+            CorpusError,
+            load_case,
+            passed,
+            replay_command_line,
+            replay_entry,
+            stale_reason,
+        )
         from .progress import layout_of
         from .targets import TargetError, load_target
 
@@ -398,9 +405,8 @@ class CorpusItem(pytest.Item):
                                           timeout=timeout):
             if not passed(outcome):
                 assert outcome.verdict is not None
-                lines.append(f"  {name}: {outcome.verdict.summary()}\n"
-                             f"    reproduce: kda-fuzz replay --target {name} "
-                             f"--device {device} {self.path}")
+                line = replay_command_line(name, self.path, device=device, timeout=timeout)
+                lines.append(f"  {name}: {outcome.verdict.summary()}\n    reproduce: {line}")
         if lines:
             raise CorpusReplayFailure(
                 f"{head}\n  layout: {layout_of(case)}\n"

@@ -154,8 +154,14 @@ def print_summary(report: Any, file: Any = None) -> None:
             console.print(f"  [yellow]{escape(f.note)}[/]")
         if f.saved:
             console.print(f"  saved: {escape(f.saved)}")
-            console.print(escape(f"  reproduce: kda-fuzz replay --target {f.target} "
-                                 f"--contract {report.variant} {f.saved}"))
+            console.print(escape(f"  reproduce: {reproduce(f, report.variant)}"))
+
+
+def reproduce(failure: Any, variant: str) -> str:
+    """The command that replays a saved failure (its own, else a plain replay)."""
+    if getattr(failure, "reproduce", ""):
+        return failure.reproduce
+    return f"kda-fuzz replay --target {failure.target} --contract {variant} {failure.saved}"
 
 
 def layout_of(case: Any) -> str:

@@ -39,6 +39,7 @@ class Failure:
     original: Case | None = None
     count: int = 1
     note: str = ""
+    reproduce: str = ""  # the command that replays the saved file as the campaign ran it
 
     @property
     def signature(self) -> tuple[Any, ...]:
@@ -175,6 +176,7 @@ class Report:
             "failure_details": [
                 {"target": f.target, **f.verdict.to_json(), "count": f.count,
                  "layout": f.case.describe(), "saved": f.saved,
+                 **({"reproduce": f.reproduce} if f.reproduce else {}),
                  **({"note": f.note} if f.note else {})}
                 for f in self.failures
             ],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -48,13 +49,16 @@ def test_campaign_saves_crash_and_timeout_cases(tmp_path: Path, target: str, kin
     saved = [Path(p) for p in summary["saved"]]
     assert len(saved) == 1 and saved[0].name.startswith(f"{kind}-") and saved[0].exists()
     assert not (tmp_path / ".inflight").exists()
-    if kind == "crash":  # replaying it isolates the target too: exit 1, not an abort
-        again = subprocess.run(
-            [sys.executable, "-m", "kda_fuzz", "replay", "--target", target, "--contract",
-             "triton", str(saved[0])], cwd=ROOT, env=env, capture_output=True, text=True,
-            timeout=600)
-        assert again.returncode == 1, again.stderr
-        assert "FAIL" in again.stdout and "crash" in again.stdout
+    # the reproduce command replays it as the campaign ran it (isolated; the same timeout):
+    # exit 1, not an abort or a minute's wait
+    command = summary["failure_details"][0]["reproduce"]
+    assert command.startswith("kda-fuzz replay ") and " ".join(extra) in command
+    again = subprocess.run([sys.executable, "-m", "kda_fuzz", *shlex.split(command)[1:]], cwd=ROOT,
+                           env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 1, again.stderr
+    assert "FAIL" in again.stdout and kind in again.stdout
+    if kind == "timeout":
+        assert "did not return within 2 s" in again.stdout
 
 
 @pytest.mark.gpu
