@@ -27,7 +27,7 @@ from typing import Any
 
 from .atomic import write_atomic
 from .contracts import get_contract
-from .progress import check_counts, layout_of, reproduce
+from .progress import check_counts, layout_of, reproduce, rows_judged
 
 FILE_NAME = "kda-fuzz-report.html"
 RATIO_FLOOR = 1e-12  # ratios below (exact results) are drawn at the floor
@@ -83,6 +83,7 @@ def _summary(report: Any, history: Sequence[dict[str, Any]] | None) -> str:
         ("examples", f"{report.examples} in {report.seconds:.1f} s ({rate:.1f}/s)"),
         ("valid / broken", f"{report.valid_cases} / {report.broken_cases}"),
         ("valid not judged", f"{report.skipped} (result overflows its dtype)"),
+        ("rows judged", rows_judged(report) or "none"),
         ("failures", str(len(report.failures))),
         ("saved corpus files", ", ".join(report.saved) or "none"),
         ("history records", str(len(history)) if history else "none"),

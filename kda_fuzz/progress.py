@@ -116,6 +116,8 @@ def print_summary(report: Any, file: Any = None) -> None:
     t.add_row("valid / broken", f"{report.valid_cases} / {report.broken_cases}"
               + (f" ({report.skipped} valid not judged: result overflows its dtype)"
                  if report.skipped else ""))
+    if rows_judged(report):
+        t.add_row("rows judged", rows_judged(report))
     spent = time_shares(report)
     if spent:
         t.add_row("time", spent)
@@ -155,6 +157,15 @@ def print_summary(report: Any, file: Any = None) -> None:
         if f.saved:
             console.print(f"  saved: {escape(f.saved)}")
             console.print(escape(f"  reproduce: {reproduce(f, report.variant)}"))
+
+
+def rows_judged(report: Any) -> str:
+    """The batch rows of the valid cases judged, live and padding ("" with none)."""
+    if not getattr(report, "rows", 0):
+        return ""
+    return (f"{report.rows:,} of valid cases: {report.live_rows:,} live (held to the "
+            f"reference), the rest padding" + (f", {report.tail_rows:,} of it filling batch "
+                                               f"buckets" if report.tail_rows else ""))
 
 
 def reproduce(failure: Any, variant: str) -> str:

@@ -125,6 +125,11 @@ def test_summary_lists_every_check_in_numeric_order_and_flags_the_never_hit() ->
     assert "1:3 2:5 3:0" in text and "10:2 11:1" in text
     assert "never hit" in text and "3, 4, 5, 6, 7, 8, 9, 12" in text
     assert "layout: B=3 H=1 HV=2 K=4 V=4" in text
+    assert "rows judged" not in text  # no valid rows: no line
+    buf = io.StringIO()
+    print_summary(_report(rows=4_100, live_rows=3_000, tail_rows=900), file=buf)
+    text = re.sub(r"\s+", " ", buf.getvalue())
+    assert "4,100 of valid cases: 3,000 live" in text and "900 of it filling batch" in text
 
 
 def test_status_lines_off_a_terminal(capsys: pytest.CaptureFixture[str]) -> None:
@@ -162,7 +167,7 @@ def _history(n: int = 200) -> list[dict[str, Any]]:
 
 
 def _html_report() -> Report:
-    report = _report()
+    report = _report(rows=52, live_rows=40)
     report.failures.append(Failure(
         _case(), Verdict("mismatch", "out-value", "worst element out[2, 0, 1, 3] <b>"),
         "mypkg.decode:my_kernel", saved="corpus/found/mismatch-0123.json"))
@@ -184,7 +189,8 @@ def test_html_report_is_one_self_contained_file_with_every_section(tmp_path: Pat
                   "Throughput and compile time", "Never hit: 3, 4, 5",
                   "kda-fuzz replay --target mypkg.decode:my_kernel --contract helion "
                   "corpus/found/mismatch-0123.json", "B=3 H=1 HV=2 K=4 V=4",
-                  "out/float32", "state/bfloat16", "4 compiled", "&lt;b&gt;"):
+                  "out/float32", "state/bfloat16", "4 compiled", "&lt;b&gt;",
+                  "52 of valid cases: 40 live"):
         assert words in text, words
     assert "<b>never hit</b>" in text
 
