@@ -27,6 +27,7 @@ TARGET = "kda_fuzz_kernels.kda_decode:helion_fused_recurrent_kda_packed_decode"
 def _job(i: int, n: int, args: argparse.Namespace, out: str, start: Any, census: Any
          ) -> None:
     import torch
+    from profile_campaign import shaping  # (this script's folder is on sys.path)
 
     from kda_fuzz.contracts import get_contract
     from kda_fuzz.parallel import _SharedRecorder
@@ -39,13 +40,9 @@ def _job(i: int, n: int, args: argparse.Namespace, out: str, start: Any, census:
                 if args.flight else Recorder())
 
     def run(seconds: float, seed: int) -> Any:
-        sz = get_contract("kda").sizing
-        shaping = (dict(families=8, bucket=True, max_b=args.max_b or sz.cuda_max_b,
-                        budget=sz.cuda_budget)
-                   if args.device == "cuda" else dict(budget=1 << 13, max_b=64, max_bhv=32))
         options = CampaignOptions(device=args.device, max_examples=10**7, seed=seed,
                                   valid_share=args.valid_share, max_seconds=seconds,
-                                  job=(i, n), **shaping)
+                                  job=(i, n), **shaping(args.device, args.max_b))
         return Campaign(get_contract("kda"), args.contract, [target], options=options,
                         recorder=recorder).run()
 

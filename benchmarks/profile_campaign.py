@@ -17,6 +17,16 @@ from kda_fuzz.contracts import get_contract
 from kda_fuzz.runner import campaign, load_target
 
 
+def shaping(device: str, max_b: int | None = None) -> dict[str, Any]:
+    """Valid-layout sizes of the project's kernels as the CLI sets them (no scale stratum):
+    families and batch buckets on cuda, the interpreted kernels' small layouts on cpu."""
+    sz = get_contract("kda").sizing
+    if device.startswith("cuda"):
+        return dict(families=8, bucket=True, max_b=max_b or sz.cuda_max_b, budget=sz.cuda_budget)
+    return dict(budget=sz.interpreted_budget, max_b=sz.interpreted_max_b,
+                max_bhv=sz.interpreted_max_bhv)
+
+
 def kernel_table(prof: Any, examples: int, wall: float, top: int) -> None:
     """Device time per example, busy share of the wall time, and the top kernels."""
     total: Counter[str] = Counter()
@@ -48,17 +58,12 @@ def main() -> None:
     ap.add_argument("--kernels", action="store_true",
                     help="profile device kernels (torch.profiler) instead of Python (cProfile)")
     args = ap.parse_args()
-    cuda = args.device.startswith("cuda")
-    sz = get_contract("kda").sizing
-    shaping = (dict(families=8, bucket=True, max_b=args.max_b or sz.cuda_max_b,
-                    budget=sz.cuda_budget) if cuda
-               else dict(budget=1 << 13, max_b=64, max_bhv=32))
     target = load_target(args.target)
 
     def run(seconds: float) -> Any:
         return campaign(get_contract("kda"), args.contract, [target], device=args.device,
                         max_examples=10**7, seed=1, valid_share=args.valid_share,
-                        max_seconds=seconds, **shaping)
+                        max_seconds=seconds, **shaping(args.device, args.max_b))
 
     warm = run(args.seconds / 2)  # compiles out of the way
     if args.kernels:
