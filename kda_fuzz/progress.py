@@ -116,8 +116,9 @@ def print_summary(report: Any, file: Any = None) -> None:
     t.add_row("valid / broken", f"{report.valid_cases} / {report.broken_cases}"
               + (f" ({report.skipped} valid not judged: result overflows its dtype)"
                  if report.skipped else ""))
-    if rows_judged(report):
-        t.add_row("rows judged", rows_judged(report))
+    rows = rows_judged(report)
+    if rows:
+        t.add_row("rows judged", rows)
     spent = time_shares(report)
     if spent:
         t.add_row("time", spent)
@@ -172,7 +173,9 @@ def reproduce(failure: Any, variant: str) -> str:
     """The command that replays a saved failure (its own, else a plain replay)."""
     if getattr(failure, "reproduce", ""):
         return failure.reproduce
-    return f"kda-fuzz replay --target {failure.target} --contract {variant} {failure.saved}"
+    from .corpus import replay_command_line
+
+    return replay_command_line(failure.target, failure.saved, variant=variant)
 
 
 def layout_of(case: Any) -> str:
