@@ -13,6 +13,7 @@ from rich.progress import Progress as RichProgress
 from rich.table import Table
 
 from .contracts import get_contract
+from .corpus import replay_command_line
 
 STATUS_INTERVAL = 5.0  # seconds between plain status lines off a terminal
 
@@ -173,8 +174,6 @@ def reproduce(failure: Any, variant: str) -> str:
     """The command that replays a saved failure (its own, else a plain replay)."""
     if getattr(failure, "reproduce", ""):
         return failure.reproduce
-    from .corpus import replay_command_line
-
     return replay_command_line(failure.target, failure.saved, variant=variant)
 
 
