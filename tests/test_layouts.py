@@ -106,6 +106,22 @@ def test_live_rows_are_the_rows_that_name_a_slot() -> None:
     probe()
 
 
+def test_every_padding_kind_is_drawn_and_padding_only_batches_are_few() -> None:
+    """Each padding kind is reached, and a batch of padding rows only (no arithmetic to
+    check) is drawn far less often than the kinds with live rows."""
+    fam = families("helion", 1, budget=1 << 16)[0]
+    kinds: dict[str, int] = dict.fromkeys(("none", "some", "first", "last", "all"), 0)
+
+    @settings(max_examples=400, derandomize=True, database=None)
+    @given(layouts("helion", budget=1 << 16, max_b=4096, bucket=True, family=fam))
+    def probe(p: KdaLayout) -> None:
+        kinds[p.padding] += 1
+
+    probe()
+    assert all(kinds.values()), kinds
+    assert kinds["all"] < 0.15 * sum(kinds.values()), kinds
+
+
 def test_families_fix_what_kernels_compile_for() -> None:
     fams = families("helion", 5, seed=3, budget=1 << 16)
     assert len(fams) == 5

@@ -10,6 +10,7 @@ checks may not see (those that the contract accepts are reported as validation g
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -299,19 +300,40 @@ def values() -> st.SearchStrategy[Values]:
     return _VALUES
 
 
+@functools.cache
+def _bucket_tops(largest: int) -> st.SearchStrategy[int]:
+    return st.sampled_from([b for b in BUCKETS if b <= largest])
+
+
+@functools.cache
+def _shortfall(top: int) -> st.SearchStrategy[int]:
+    return st.one_of(st.just(0), st.integers(1, 3), st.integers(0, max(0, top - top // 4 - 1)))
+
+
+@functools.cache
+def _free_batch(max_b: int) -> st.SearchStrategy[int]:
+    return st.one_of(st.sampled_from(EDGE_B), st.integers(1, max_b))
+
+
 def _batch(draw: Callable, cap: int, max_b: int, bucket: bool) -> tuple[int, int]:
     """Rows B (at most ``cap``) and, with ``bucket``, the padding rows that fill B up to
     its bucket. Bucketed, the bucket is drawn first, then how far short of it B falls:
     not at all, a few rows, or anywhere down to the bucket below (a kernel sees the
-    bucket's size whatever B is; most of its rows are the layout's own, not filler)."""
+    bucket's size whatever B is; most of its rows are the layout's own, not filler).
+    The strategies are made once per size (a new one costs Hypothesis more than a draw)."""
     if not bucket:
-        return max(1, min(cap, draw(st.one_of(st.sampled_from(EDGE_B),
-                                              st.integers(1, max_b))))), 0
-    top = draw(st.sampled_from([b for b in BUCKETS if b <= bucket_size(cap)]))
-    short = draw(st.one_of(st.just(0), st.integers(1, 3),
-                           st.integers(0, max(0, top - top // 4 - 1))))
-    B = max(1, min(cap, top - short))
+        return max(1, min(cap, draw(_free_batch(max_b)))), 0
+    top = draw(_bucket_tops(bucket_size(cap)))
+    B = max(1, min(cap, top - draw(_shortfall(top))))
     return B, bucket_size(B) - B
+
+
+# Padding rows of a layout: all four kinds with live rows come three times as often as a
+# batch that is padding only (which checks no arithmetic, and at a large B costs as much
+# device time as a live one).
+_PADDING = st.sampled_from(("none", "some", "first", "last") * 3 + ("all",))
+_PAD_VALUE = st.sampled_from(("-1", "any", "min"))
+_SEED = st.integers(0, 2**32 - 1)
 
 
 @st.composite
@@ -330,9 +352,8 @@ def layouts(draw: Callable, variant: str, budget: int = DEFAULT_BUDGET,
         B, tail = _batch(draw, max(1, min(max_b, budget // per_row)), max_b, bucket)
         return replace(
             family, B=B + tail, tail_padding=tail,
-            padding=draw(st.sampled_from(("none", "some", "first", "last", "all"))),
-            pad_value=draw(st.sampled_from(("-1", "any", "min"))),
-            values=draw(values()), seed=draw(st.integers(0, 2**32 - 1)),
+            padding=draw(_PADDING), pad_value=draw(_PAD_VALUE), values=draw(values()),
+            seed=draw(_SEED),
         )
     K = draw(_dim(variant, budget))
     V = draw(_dim(variant, budget // K))
@@ -355,8 +376,8 @@ def layouts(draw: Callable, variant: str, budget: int = DEFAULT_BUDGET,
         out_dtype=draw(same_or),
         state_dtype=draw(st.sampled_from(FLOATS)),
         idx_dtype=draw(st.sampled_from(INDEX_DTYPES)),
-        padding=draw(st.sampled_from(("none", "some", "first", "last", "all"))),
-        pad_value=draw(st.sampled_from(("-1", "any", "min"))),
+        padding=draw(_PADDING),
+        pad_value=draw(_PAD_VALUE),
         qkv_row_pad=draw(_small_or(64)),
         a_row_pad=draw(_small_or(32)),
         b_row_pad=draw(_small_or(8)),
@@ -369,7 +390,7 @@ def layouts(draw: Callable, variant: str, budget: int = DEFAULT_BUDGET,
         scale=draw(st.one_of(st.none(), st.sampled_from((1.0, 0.0, -1.0)),
                              st.floats(-4.0, 4.0, allow_subnormal=False))),
         values=draw(values()),
-        seed=draw(st.integers(0, 2**32 - 1)),
+        seed=draw(_SEED),
     )
 
 
