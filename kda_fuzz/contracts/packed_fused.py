@@ -179,6 +179,23 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
+_CONSTS: dict[tuple[Any, ...], torch.Tensor] = {}
+
+
+def _consts(values: tuple[float, ...], dev: torch.device) -> torch.Tensor:
+    """The kernel's float64 constants on ``dev``, made once per distinct set (a campaign's
+    family has one; only the kernel reads them)."""
+    key = (values, dev)
+    if key not in _CONSTS:
+        if len(_CONSTS) >= 256:
+            _CONSTS.clear()
+        t = torch.tensor(values, dtype=torch.float64)
+        if dev.type == "cuda":  # from pinned memory: no sync
+            t = t.pin_memory().to(dev, non_blocking=True)
+        _CONSTS[key] = t
+    return _CONSTS[key]
+
+
 def summary(views: dict[str, Any], got_state: torch.Tensor, got_out: torch.Tensor, *,
             gate_per_key: bool, named: torch.Tensor) -> torch.Tensor:
     """The case's summary (``COLUMNS`` float64 values on its device, see the column
@@ -201,9 +218,7 @@ def summary(views: dict[str, Any], got_state: torch.Tensor, got_out: torch.Tenso
               _eps(ds), _tiny(ds), _eps(do), _tiny(do), _half_max(ds), _half_max(do),
               _gamma(K), torch.finfo(torch.float32).smallest_normal, 4 * _U32, L2NORM_EPS]
     # (not named ``params``: Triton's generated binder has a local of that name)
-    consts = torch.tensor(values, dtype=torch.float64)
-    if dev.type == "cuda":  # from pinned memory: no sync
-        consts = consts.pin_memory().to(dev, non_blocking=True)
+    consts = _consts(tuple(values), dev)
     part = torch.empty((B * HV * NVB, COLUMNS), dtype=torch.float64, device=dev)
     if part.numel() == 0:
         return torch.tensor([-1.0, -1.0, 0, 0, 0, 0], dtype=torch.float64).to(
