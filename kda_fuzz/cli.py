@@ -246,6 +246,10 @@ def _fuzz(args: argparse.Namespace) -> int:
     if args.max_seconds is not None and args.max_seconds <= 0:
         raise UsageError("--max-seconds must be positive")
     shard = _shard(args)
+    if not (args.no_isolate and args.jobs == "1"):
+        from .process import start_fork_server
+
+        start_fork_server()  # the workers' imports, overlapping this process's own
     _prepare_device(args.device, contract)
     jobs = _jobs(args)
     options = dict(

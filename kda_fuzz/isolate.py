@@ -3,8 +3,9 @@ case only: the path of corpus replay (``crash-``/``timeout-``/``flaky-`` files) 
 minimizing a failure found by a supervised campaign (campaigns themselves run their whole
 loop in supervised job processes, see :mod:`kda_fuzz.parallel`).
 
-The worker is spawned (never forked: a fork of a process whose torch thread pool runs
-can deadlock in its first parallel op), imports the target by its ``MODULE:CALLABLE``
+The worker is a fork of kda-fuzz's fork server (``process.worker_context``), never of a
+process whose torch thread pool runs (it can deadlock in its first parallel op); it
+imports the target by its ``MODULE:CALLABLE``
 name and judges each case with ``run_case`` itself; the parent sends cases through a
 pipe. A worker that dies yields a ``crash`` verdict, one that does not answer within the
 timeout is killed and yields a ``timeout`` verdict; either way a fresh worker takes the
@@ -14,7 +15,6 @@ next case.
 from __future__ import annotations
 
 import faulthandler
-import multiprocessing as mp
 import os
 import time
 import traceback
@@ -27,13 +27,14 @@ from .case import Case
 from .contract import Contract
 from .contracts import get_contract
 from .oracle import EnvironmentFailure, Outcome, device_error, expectation, run_case
-from .process import exit_with_parent, how_it_ended
+from .process import adopt_environment, exit_with_parent, how_it_ended, worker_context
 from .targets import load_target
 from .verdict import Verdict
 
 
 def _worker(conn: Connection, family: str, target: str, device: str,
-            judging: dict[str, Any]) -> None:
+            judging: dict[str, Any], env: dict[str, str]) -> None:
+    adopt_environment(env)
     faulthandler.disable()  # a target's abort is reported by the parent, not dumped here
     exit_with_parent()
     contract = get_contract(family)
@@ -94,7 +95,7 @@ class IsolatedTarget:
         self.timeout = timeout
         self.device = device
         self.judging = {"messages": messages, "strict": strict}
-        self._ctx = mp.get_context("spawn")
+        self._ctx = worker_context()
         self._proc: Any = None
         self._conn: Connection | None = None
 
@@ -102,7 +103,8 @@ class IsolatedTarget:
         parent, child = self._ctx.Pipe()
         proc = self._ctx.Process(
             target=_worker,
-            args=(child, self.contract.name, self.target, self.device, self.judging),
+            args=(child, self.contract.name, self.target, self.device, self.judging,
+                  dict(os.environ)),
             daemon=True,
         )
         try:

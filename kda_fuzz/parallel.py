@@ -17,14 +17,15 @@ restart replaces; a queue shared by all jobs would stay locked) and watches the 
 * a job that dies or stalls outside a target call is the fuzzer's own failure
   (``JobError``), never a verdict against the target.
 
-Jobs are spawned (never forked: a fork of a process with a running torch thread pool
-can deadlock). On ``cuda``, job j uses GPU ``j mod n`` with its share of that GPU's
-memory. Distinct failures are minimized at the end, each in an isolated worker.
+Jobs are forks of a fork server that has imported torch and the engine and run nothing
+(``process.worker_context``; never forks of a process with a running torch thread pool
+or CUDA context, which deadlock or fail). On ``cuda``, job j uses GPU ``j mod n`` with
+its share of that GPU's memory. Distinct failures are minimized at the end, each in an
+isolated worker.
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import pickle
 import random
@@ -41,7 +42,7 @@ from .contracts import get_contract
 from .isolate import IsolatedTarget
 from .minimize import minimize_with_verdict
 from .oracle import EnvironmentFailure, device_error
-from .process import exit_with_parent, how_it_ended
+from .process import adopt_environment, exit_with_parent, how_it_ended, worker_context
 from .runner import (
     HARD_REPEATS,
     Campaign,
@@ -122,6 +123,7 @@ class Job:
     hard: dict[Position, tuple[int, Verdict]] = field(default_factory=dict)
     seen: frozenset[tuple[Any, ...]] = frozenset()  # signatures of failures already kept
     isolate: bool = True  # keep the flight record (else: no restart after a crash)
+    env: dict[str, str] = field(default_factory=lambda: dict(os.environ))  # the caller's
 
 
 class _SharedRecorder(Recorder):
@@ -185,6 +187,7 @@ class _DeviceFault(Exception):
 def _run_job(job: Job, conn: Any, stop: Any, record: Any) -> None:
     """Job process body: one campaign, its progress, failures and end sent on ``conn``
     (from this thread only, so a target's crash never interrupts a message)."""
+    adopt_environment(job.env)
     exit_with_parent()
     put = conn.send
     try:
@@ -277,7 +280,7 @@ class Supervisor:
         if options.families:
             options.families = max(options.families, jobs)  # one family per job at least
         self.options = options
-        self.ctx = mp.get_context("spawn")  # CUDA cannot be forked; nor can torch's pools
+        self.ctx = worker_context()  # never a fork of a process with CUDA or a thread pool
         self.stop = self.ctx.Event()
         self.report = Report(contract, variant, [*self.targets, *self.peers], seed=options.seed)
         self.states: list[_JobState] = []

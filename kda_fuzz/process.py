@@ -2,10 +2,44 @@
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import signal
 import threading
 import time
+from multiprocessing.context import BaseContext
+
+# What the fork server imports before it forks any worker: torch, Hypothesis and the
+# engine (seconds of imports per worker otherwise). It runs nothing: no torch thread pool,
+# no CUDA context, so its forks are as clean as spawned processes.
+PRELOAD = ["kda_fuzz.parallel"]
+
+
+def worker_context() -> BaseContext:
+    """How kda-fuzz starts its workers (campaign jobs, isolated targets): forks of a fork
+    server that has only imported ``PRELOAD`` (never of a process whose thread pool or
+    CUDA context runs); spawned where there is no fork server."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
+def start_fork_server() -> None:
+    """Start the fork server now, so that its imports overlap the caller's own."""
+    if worker_context().get_start_method() == "forkserver":
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
+
+
+def adopt_environment(env: dict[str, str]) -> None:
+    """Take on the environment of the process that asked for this worker (a fork server's
+    children inherit the server's, from when it started)."""
+    if env != dict(os.environ):
+        os.environ.clear()
+        os.environ.update(env)
 
 
 def exit_with_parent() -> None:

@@ -15,6 +15,13 @@ def aborts_on_padding(*args):
     return reference_kda_packed_decode(*args)
 
 
+def aborts_when_told(*args):
+    """Correct, unless the environment says ``KDA_FUZZ_TEST_ABORT=1``."""
+    if os.environ.get("KDA_FUZZ_TEST_ABORT") == "1":
+        os.abort()
+    return reference_kda_packed_decode(*args)
+
+
 def hangs(*args):
     """Never returns."""
     while True:

@@ -95,6 +95,20 @@ def test_no_false_timeout_after_the_parent_used_torch_threads() -> None:
     assert time.monotonic() - t < 30
 
 
+def test_a_worker_runs_in_the_environment_of_its_caller(monkeypatch) -> None:
+    """Workers are forks of a long-lived fork server, yet each sees the caller's
+    environment as it was when the worker started, not the server's."""
+    case = build(KdaLayout(B=2, H=1, HV=1, K=4, V=4, seed=1), "triton")
+    target = "tests.hostile_targets:aborts_when_told"
+    monkeypatch.delenv("KDA_FUZZ_TEST_ABORT", raising=False)
+    with IsolatedTarget(KDA, target, timeout=30) as iso:  # the server runs from here on
+        assert iso.run(case).status == "pass"
+    monkeypatch.setenv("KDA_FUZZ_TEST_ABORT", "1")
+    with IsolatedTarget(KDA, target, timeout=30) as iso:
+        outcome = iso.run(case)
+    assert outcome.verdict is not None and outcome.verdict.kind == "crash", outcome
+
+
 def test_a_still_crashing_corpus_entry_fails_alone(tmp_path: Path) -> None:
     """crash- entries replay isolated (kda-fuzz replay and pytest alike): a target that
     still aborts fails the entry; the replaying process goes on."""
