@@ -109,7 +109,8 @@ def run_cli(mode: str, target: str, variant: str, seconds: float, seed: int, job
             "notes": summary.get("notes", []),
             "stratum_seconds": summary.get("stratum_seconds", {}),
             "stratum_rows": summary.get("stratum_rows", {}),
-            "compiling_seconds": summary.get("compiling_seconds", 0.0)}
+            "compiling_seconds": summary.get("compiling_seconds", 0.0),
+            "startup_seconds": summary.get("startup_seconds", 0.0)}
 
 
 def main() -> None:

@@ -34,7 +34,7 @@ import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from multiprocessing import connection
 from typing import Any, NoReturn
 
@@ -124,6 +124,7 @@ class Job:
     seen: frozenset[tuple[Any, ...]] = frozenset()  # signatures of failures already kept
     isolate: bool = True  # keep the flight record (else: no restart after a crash)
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ))  # the caller's
+    launched: float = 0.0  # time.monotonic() when the supervisor started the process
 
 
 class _SharedRecorder(Recorder):
@@ -231,6 +232,7 @@ def _run_job(job: Job, conn: Any, stop: Any, record: Any) -> None:
                      resume=job.resume, hard=job.hard, seen=job.seen)
         holder.append(c)
         try:
+            c.report.startup_seconds += max(0.0, time.monotonic() - job.launched)
             rep = c.run()
         except _DeviceFault as e:
             put(("fault", job.index, str(e)))
@@ -293,6 +295,7 @@ class Supervisor:
         record = state.record if state is not None else self.ctx.RawArray("d", 6)
         record[STATE] = IDLE
         reader, writer = self.ctx.Pipe(duplex=False)
+        spec = replace(spec, launched=time.monotonic())  # (one clock for all processes)
         proc = self.ctx.Process(target=_run_job, args=(spec, writer, self.stop, record))
         proc.start()
         writer.close()

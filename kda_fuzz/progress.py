@@ -95,7 +95,8 @@ def check_counts(report: Any) -> list[tuple[str, int]]:
 
 def time_shares(report: Any) -> str:
     """``valid 81 %, broken 14 %, scale 5 %; compiling 12 %`` of the jobs' summed time
-    (compiling: cuda examples ten times slower than the recent median)."""
+    (compiling: cuda examples ten times slower than the recent median), and the jobs'
+    summed start-up (launch to first example) beside it."""
     by = dict(getattr(report, "stratum_seconds", {}) or {})
     total = sum(by.values())
     if total <= 0:
@@ -103,7 +104,9 @@ def time_shares(report: Any) -> str:
     parts = ", ".join(f"{k} {100 * v / total:.0f} %" for k, v in
                       sorted(by.items(), key=lambda kv: -kv[1]))
     compiling = getattr(report, "compiling_seconds", 0.0)
-    return parts + (f"; compiling {100 * compiling / total:.0f} %" if compiling else "")
+    startup = getattr(report, "startup_seconds", 0.0)
+    return (parts + (f"; compiling {100 * compiling / total:.0f} %" if compiling else "")
+            + (f"; start-up {startup:.1f} s summed over jobs" if startup else ""))
 
 
 def print_summary(report: Any, file: Any = None) -> None:

@@ -85,11 +85,14 @@ class Report:
     # cuda: seconds of examples ten times slower than the recent median (first calls of a
     # shape: compiles)
     compiling_seconds: float = 0.0
+    # supervised jobs: seconds from a job's launch to its first example (the fork, CUDA
+    # context, imports of the targets), summed over jobs and restarts
+    startup_seconds: float = 0.0
     # scale stratum: the largest of each size its cases report (``notes["scale_sizes"]``)
     scale_largest: dict[str, int] = field(default_factory=dict)
 
     COUNTERS = ("examples", "rows", "live_rows", "tail_rows", "valid_cases", "broken_cases",
-                "skipped", "compiling_seconds")
+                "skipped", "compiling_seconds", "startup_seconds")
 
     def record(self, outcome: Outcome, case: Case, stratum: str = "valid") -> None:
         """Count one judged example (its first target's outcome) of ``stratum``; the rows
@@ -185,6 +188,7 @@ class Report:
             "stratum_seconds": {k: round(v, 3) for k, v in self.stratum_seconds.items()},
             "stratum_rows": dict(self.stratum_rows),
             "compiling_seconds": round(self.compiling_seconds, 3),
+            "startup_seconds": round(self.startup_seconds, 3),
             "scale_largest": dict(self.scale_largest),
             "scale_judged": dict(self.judged),
             "checks_hit": {str(k): v for k, v in sorted(self.checks_hit.items(), key=_check_key)},

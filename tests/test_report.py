@@ -242,3 +242,16 @@ def test_verified_rows_leave_out_unjudged_cases_and_are_split_by_stratum() -> No
     assert merged.stratum_rows == r.stratum_rows
     assert r.to_json()["live_rows"] == 8
     assert r.to_json()["stratum_rows"] == {"valid": 5, "scale": 5}
+
+
+def test_the_time_line_gives_strata_compiles_and_start_up() -> None:
+    from types import SimpleNamespace
+
+    from kda_fuzz.progress import time_shares
+
+    report = SimpleNamespace(stratum_seconds={"valid": 30.0, "scale": 10.0},
+                             compiling_seconds=4.0, startup_seconds=6.25)
+    assert time_shares(report) == ("valid 75 %, scale 25 %; compiling 10 %; "
+                                   "start-up 6.2 s summed over jobs")
+    report.startup_seconds = 0.0
+    assert time_shares(report) == "valid 75 %, scale 25 %; compiling 10 %"

@@ -44,7 +44,10 @@ def test_jobs_run_the_plan_of_one_campaign() -> None:
     assert not report.failures
     assert len(sup.summaries()) == 2 and all(s["seconds"] > 0 for s in sup.summaries())
     assert report.examples == 120
+    assert 0 < report.startup_seconds < report.seconds * 2  # both jobs' launches, summed
+    assert report.to_json()["startup_seconds"] == round(report.startup_seconds, 3)
     alone = campaign(KDA, "triton", [load_target(REFERENCE)], job=(0, 1), **options)
+    assert alone.startup_seconds == 0  # in-process: nothing was launched
     assert report.valid_cases == alone.valid_cases
     assert sum(report.judged.values()) > 0 and report.judged == alone.judged  # scale cases
     assert report.broken_cases + sum(report.validation_gaps.values()) == \
