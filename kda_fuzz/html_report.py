@@ -27,7 +27,7 @@ from typing import Any
 
 from .atomic import write_atomic
 from .contracts import get_contract
-from .progress import check_counts, layout_of, reproduce, rows_judged
+from .progress import check_counts, layout_of, reproduce, rows_judged, time_shares
 
 FILE_NAME = "kda-fuzz-report.html"
 RATIO_FLOOR = 1e-12  # ratios below (exact results) are drawn at the floor
@@ -84,6 +84,7 @@ def _summary(report: Any, history: Sequence[dict[str, Any]] | None) -> str:
         ("valid / broken", f"{report.valid_cases} / {report.broken_cases}"),
         ("valid not judged", f"{report.skipped} (result overflows its dtype)"),
         ("rows judged", rows_judged(report) or "none"),
+        ("time", time_shares(report) or "not recorded"),
         ("failures", str(len(report.failures))),
         ("saved corpus files", ", ".join(report.saved) or "none"),
         ("history records", str(len(history)) if history else "none"),

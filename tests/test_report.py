@@ -173,6 +173,8 @@ def _html_report() -> Report:
         "mypkg.decode:my_kernel", saved="corpus/found/mismatch-0123.json"))
     report.saved.append("corpus/found/mismatch-0123.json")
     report.validation_gaps["missing-k-segment"] = 2
+    report.stratum_seconds.update(valid=9.0, broken=3.0)
+    report.startup_seconds = 1.5
     return report
 
 
@@ -190,7 +192,8 @@ def test_html_report_is_one_self_contained_file_with_every_section(tmp_path: Pat
                   "kda-fuzz replay --target mypkg.decode:my_kernel --contract helion "
                   "corpus/found/mismatch-0123.json", "B=3 H=1 HV=2 K=4 V=4",
                   "out/float32", "state/bfloat16", "4 compiled", "&lt;b&gt;",
-                  "52 of valid cases: 40 live"):
+                  "52 of valid cases: 40 live",
+                  "valid 75 %, broken 25 %; start-up 1.5 s summed over jobs"):
         assert words in text, words
     assert "<b>never hit</b>" in text
 
