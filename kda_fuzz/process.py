@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
+import sys
 import threading
 import time
 from multiprocessing.context import BaseContext
@@ -16,10 +17,11 @@ PRELOAD = ["kda_fuzz.parallel"]
 
 
 def worker_context() -> BaseContext:
-    """How kda-fuzz starts its workers (campaign jobs, isolated targets): forks of a fork
-    server that has only imported ``PRELOAD`` (never of a process whose thread pool or
-    CUDA context runs); spawned where there is no fork server."""
-    if "forkserver" not in mp.get_all_start_methods():
+    """How kda-fuzz starts its workers (campaign jobs, isolated targets): on Linux, forks
+    of a fork server that has only imported ``PRELOAD`` (never of a process whose thread
+    pool or CUDA context runs); spawned elsewhere (a fork without exec is not safe on
+    macOS once system frameworks are loaded)."""
+    if not sys.platform.startswith("linux") or "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)

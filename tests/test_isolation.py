@@ -122,3 +122,14 @@ def test_a_still_crashing_corpus_entry_fails_alone(tmp_path: Path) -> None:
     [(_, fine)] = replay_entry(KDA, padded, "crash",
                                [load_target("kda_fuzz_kernels.kda_decode:reference_kda_packed_decode")])
     assert fine.status == "pass"
+
+
+def test_workers_fork_from_the_fork_server_on_linux_only(monkeypatch) -> None:
+    import sys
+
+    from kda_fuzz import process
+
+    expected = "forkserver" if sys.platform.startswith("linux") else "spawn"
+    assert process.worker_context().get_start_method() == expected
+    monkeypatch.setattr(process.sys, "platform", "darwin")
+    assert process.worker_context().get_start_method() == "spawn"
