@@ -5,11 +5,10 @@ loop in supervised job processes, see :mod:`kda_fuzz.parallel`).
 
 The worker is a fork of kda-fuzz's fork server (``process.worker_context``), never of a
 process whose torch thread pool runs (it can deadlock in its first parallel op); it
-imports the target by its ``MODULE:CALLABLE``
-name and judges each case with ``run_case`` itself; the parent sends cases through a
-pipe. A worker that dies yields a ``crash`` verdict, one that does not answer within the
-timeout is killed and yields a ``timeout`` verdict; either way a fresh worker takes the
-next case.
+imports the target by its ``MODULE:CALLABLE`` name and judges each case with
+``run_case`` itself; the parent sends cases through a pipe. A worker that dies yields
+a ``crash`` verdict, one that does not answer within the timeout is killed and yields a
+``timeout`` verdict; either way a fresh worker takes the next case.
 """
 
 from __future__ import annotations
@@ -27,14 +26,13 @@ from .case import Case
 from .contract import Contract
 from .contracts import get_contract
 from .oracle import EnvironmentFailure, Outcome, device_error, expectation, run_case
-from .process import adopt_environment, exit_with_parent, how_it_ended, worker_context
+from .process import exit_with_parent, how_it_ended, worker_context, worker_process
 from .targets import load_target
 from .verdict import Verdict
 
 
 def _worker(conn: Connection, family: str, target: str, device: str,
-            judging: dict[str, Any], env: dict[str, str]) -> None:
-    adopt_environment(env)
+            judging: dict[str, Any]) -> None:
     faulthandler.disable()  # a target's abort is reported by the parent, not dumped here
     exit_with_parent()
     contract = get_contract(family)
@@ -101,12 +99,9 @@ class IsolatedTarget:
 
     def _start(self) -> None:
         parent, child = self._ctx.Pipe()
-        proc = self._ctx.Process(
-            target=_worker,
-            args=(child, self.contract.name, self.target, self.device, self.judging,
-                  dict(os.environ)),
-            daemon=True,
-        )
+        proc = worker_process(
+            self._ctx, _worker,
+            (child, self.contract.name, self.target, self.device, self.judging), daemon=True)
         try:
             proc.start()
         finally:

@@ -42,7 +42,7 @@ from .contracts import get_contract
 from .isolate import IsolatedTarget
 from .minimize import minimize_with_verdict
 from .oracle import EnvironmentFailure, device_error
-from .process import adopt_environment, exit_with_parent, how_it_ended, worker_context
+from .process import exit_with_parent, how_it_ended, worker_context, worker_process
 from .runner import (
     HARD_REPEATS,
     Campaign,
@@ -123,7 +123,6 @@ class Job:
     hard: dict[Position, tuple[int, Verdict]] = field(default_factory=dict)
     seen: frozenset[tuple[Any, ...]] = frozenset()  # signatures of failures already kept
     isolate: bool = True  # keep the flight record (else: no restart after a crash)
-    env: dict[str, str] = field(default_factory=lambda: dict(os.environ))  # the caller's
     launched: float = 0.0  # time.monotonic() when the supervisor started the process
 
 
@@ -188,7 +187,6 @@ class _DeviceFault(Exception):
 def _run_job(job: Job, conn: Any, stop: Any, record: Any) -> None:
     """Job process body: one campaign, its progress, failures and end sent on ``conn``
     (from this thread only, so a target's crash never interrupts a message)."""
-    adopt_environment(job.env)
     exit_with_parent()
     put = conn.send
     try:
@@ -296,7 +294,7 @@ class Supervisor:
         record[STATE] = IDLE
         reader, writer = self.ctx.Pipe(duplex=False)
         spec = replace(spec, launched=time.monotonic())  # (one clock for all processes)
-        proc = self.ctx.Process(target=_run_job, args=(spec, writer, self.stop, record))
+        proc = worker_process(self.ctx, _run_job, (spec, writer, self.stop, record))
         proc.start()
         writer.close()
         if state is None:

@@ -8,7 +8,10 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from multiprocessing.context import BaseContext
+from multiprocessing.process import BaseProcess
+from typing import Any
 
 # What the fork server imports before it forks any worker: torch, Hypothesis and the
 # engine (seconds of imports per worker otherwise). It runs nothing: no torch thread pool,
@@ -36,12 +39,20 @@ def start_fork_server() -> None:
         forkserver.ensure_running()
 
 
-def adopt_environment(env: dict[str, str]) -> None:
-    """Take on the environment of the process that asked for this worker (a fork server's
-    children inherit the server's, from when it started)."""
+def worker_process(ctx: BaseContext, fn: Callable[..., Any], args: tuple[Any, ...], *,
+                   daemon: bool = False) -> BaseProcess:
+    """A process of ``ctx`` (see ``worker_context``) that runs ``fn(*args)`` in the
+    caller's environment as it is now (a fork server's children would otherwise inherit
+    the server's, from when it started)."""
+    return ctx.Process(target=_in_environment, args=(dict(os.environ), fn, args),
+                       daemon=daemon)
+
+
+def _in_environment(env: dict[str, str], fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
     if env != dict(os.environ):
         os.environ.clear()
         os.environ.update(env)
+    fn(*args)
 
 
 def exit_with_parent() -> None:
