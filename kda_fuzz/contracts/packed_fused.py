@@ -14,6 +14,7 @@ inside the bounds) it computes what the torch oracle computes; tests check the t
 
 from __future__ import annotations
 
+import functools
 import sys
 from typing import Any
 
@@ -179,21 +180,14 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
-_CONSTS: dict[tuple[Any, ...], torch.Tensor] = {}
-
-
+@functools.lru_cache(maxsize=256)
 def _consts(values: tuple[float, ...], dev: torch.device) -> torch.Tensor:
     """The kernel's float64 constants on ``dev``, made once per distinct set (a campaign's
     family has one; only the kernel reads them)."""
-    key = (values, dev)
-    if key not in _CONSTS:
-        if len(_CONSTS) >= 256:
-            _CONSTS.clear()
-        t = torch.tensor(values, dtype=torch.float64)
-        if dev.type == "cuda":  # from pinned memory: no sync
-            t = t.pin_memory().to(dev, non_blocking=True)
-        _CONSTS[key] = t
-    return _CONSTS[key]
+    t = torch.tensor(values, dtype=torch.float64)
+    if dev.type == "cuda":  # from pinned memory: no sync
+        t = t.pin_memory().to(dev, non_blocking=True)
+    return t
 
 
 def summary(views: dict[str, Any], got_state: torch.Tensor, got_out: torch.Tensor, *,
