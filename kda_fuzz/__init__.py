@@ -1,7 +1,27 @@
-"""kda-fuzz: differential fuzzing and regression tests for packed KDA decode kernels."""
+"""kda-fuzz: differential fuzzing and regression tests for packed KDA decode kernels.
+
+Public API for your own tests: :mod:`kda_fuzz.strategies` (``valid_layouts``,
+``broken_layouts``), :func:`check` and :func:`assert_conforms`. They load on first use, so
+that ``import kda_fuzz`` stays cheap.
+"""
+
+from typing import Any
 
 from . import _kernels_path
 
 __version__ = "0.1.0"
+__all__ = ["assert_conforms", "check", "strategies"]
 
 _kernels_path.install()
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("check", "assert_conforms"):
+        from . import conformance
+
+        return getattr(conformance, name)
+    if name == "strategies":
+        import importlib
+
+        return importlib.import_module(".strategies", __name__)
+    raise AttributeError(f"module 'kda_fuzz' has no attribute {name!r}")

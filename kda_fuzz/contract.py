@@ -102,11 +102,14 @@ class ValidCases(Protocol):
     """Valid cases of a variant. The runner passes only the keywords it sets; the family
     chooses the defaults. ``budget``: state elements touched per case; ``max_b``: batch
     rows; ``bucket``: round the batch up to a few sizes with padding rows; ``family``: a
-    compile family from :attr:`Contract.families`; ``max_bhv``: programs (rows x heads)."""
+    compile family from :attr:`Contract.families`; ``max_bhv``: programs (rows x heads);
+    ``pins``: fields of the layout fixed to a value, a list of values or a strategy (the
+    family names its fields and raises ``ValueError`` for unknown ones)."""
 
     def __call__(self, variant: str, *, device: str = ..., budget: int = ...,
                  max_b: int = ..., bucket: bool = ..., family: Any = ...,
-                 max_bhv: int | None = ...) -> SearchStrategy[Case]: ...
+                 max_bhv: int | None = ..., pins: Mapping[str, Any] | None = ...
+                 ) -> SearchStrategy[Case]: ...
 
 
 class BrokenCases(Protocol):
@@ -214,8 +217,9 @@ class Contract:
     ``execution``, ``sizing``, ``shrinker``, ``summarize`` (a case in one line),
     ``sizes`` (a case's named sizes for descriptions), ``probe(rows, width, variant)``
     (calibration cases), ``scale``, ``judge_budget`` (the judge fills an error budget)
-    and ``status`` (notes for a campaign's summary on the family's own machinery, e.g. a
-    fast path that turned itself off).
+    ``status`` (notes for a campaign's summary on the family's own machinery, e.g. a
+    fast path that turned itself off) and ``aims`` (the check each breakage of a variant
+    aims at, for :func:`kda_fuzz.strategies.broken_layouts`).
     """
 
     name: str
@@ -244,6 +248,8 @@ class Contract:
     scale: ScaleStratum | None = None
     judge_budget: bool = False
     status: Callable[[], list[str]] | None = None
+    # breakage name -> the check it aims at (None: a semantic rule), per variant
+    aims: Callable[[str], Mapping[str, int | None]] | None = None
 
     def checks_for(self, variant: str) -> tuple[Check, ...]:
         self._require_variant(variant)

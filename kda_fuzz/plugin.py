@@ -117,6 +117,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="Hypothesis example database shared between runners: "
                          "redis://host:port/db or a folder (default: example_db of "
                          "[tool.kda-fuzz])")
+    group.addoption("--kda-save-failures", default=None, metavar="DIR",
+                    help="save the failing case of each test that fails in "
+                         "kda_fuzz.assert_conforms (its minimal one, after Hypothesis' "
+                         "shrinking) as a corpus file in DIR")
     parser.addini("kda_fuzz_corpus", "kda-fuzz: folders whose *.json corpus files are "
                   "replayed as tests (setting it opts the project in)", type="paths", default=[])
     parser.addini("kda_corpus", "kda-fuzz: alias of kda_fuzz_corpus", type="paths", default=[])
@@ -156,6 +160,10 @@ def _resolve(config: pytest.Config) -> State:
 @pytest.hookimpl(tryfirst=True)  # before Hypothesis' own, so --hypothesis-profile wins
 def pytest_configure(config: pytest.Config) -> None:
     _session_shard(config)  # a bad --kda-shard is a usage error, opted in or not
+    if config.getoption("--kda-save-failures"):  # opted in or not: the user asked
+        from . import conformance
+
+        conformance.SAVE_DIR = Path(config.getoption("--kda-save-failures"))
     if config.getoption("--kda-corpus-timeout") <= 0:
         raise pytest.UsageError("kda-fuzz: --kda-corpus-timeout must be positive")
     st = state(config)
@@ -422,3 +430,25 @@ class CorpusItem(pytest.Item):
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
         return self.path, None, f"corpus file {self.path.name}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """With ``--kda-save-failures``: a test that failed in ``assert_conforms`` saves its
+    last failing case (Hypothesis runs the minimal one last) and says where."""
+    outcome = yield
+    if call.when != "call" or not item.config.getoption("--kda-save-failures"):
+        return
+    from . import conformance
+
+    report = outcome.get_result()
+    if not report.failed:
+        conformance.PENDING.clear()
+        return
+    saved = conformance.save_pending(conformance.SAVE_DIR or Path("."), item.nodeid)
+    if saved is not None:
+        from .corpus import replay_command_line
+
+        path, target, variant = saved
+        report.sections.append(("kda-fuzz", f"saved the failing case: {path}\nreproduce: "
+                                f"{replay_command_line(target, path, variant=variant)}"))

@@ -113,6 +113,7 @@ CONTRACT = Contract(
     valid_cases=gdn_layouts.valid_cases,
     broken_cases=gdn_layouts.broken_cases,
     broken_arms=gdn_layouts.broken_arms,
+    aims=lambda variant: {b.name: b.check for b in gdn_layouts.breakages(variant)},
     holes=HOLES,
     families=gdn_layouts.families,
     cross_judge=cross_judge,

@@ -12,7 +12,9 @@ KDA checks 15-18 re-aimed at GDN's two checks 15 (``a``/``b`` width) and 16
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
 import torch
 from hypothesis import strategies as st
@@ -20,8 +22,10 @@ from hypothesis import strategies as st
 from ..case import Case
 from . import kda_layouts as kl
 from .kda_layouts import Breakage, KdaLayout, strided_arg
+from .pins import normalize as pin_strategies
 
 FAMILY = "gdn"
+NOT_GDN = ("lower_bound",)  # layout fields GDN has no use for
 DEFAULT_BUDGET = kl.DEFAULT_BUDGET
 
 
@@ -46,12 +50,15 @@ def build(p: KdaLayout, variant: str, device: str = "cpu") -> Case:
 
 def valid_cases(variant: str, *, budget: int = DEFAULT_BUDGET, device: str = "cpu",
                 max_b: int = 256, bucket: bool = False, family: KdaLayout | None = None,
-                max_bhv: int | None = None) -> st.SearchStrategy[Case]:
+                max_bhv: int | None = None, pins: Mapping[str, Any] | None = None
+                ) -> st.SearchStrategy[Case]:
     """Cases that the GDN contract variant accepts, built on ``device``: GQA head groups,
     padding rows, row and slot strides, guard cells, fp32/bf16/fp16, l2norm on and off,
-    any K and V on triton (powers of two on helion)."""
+    any K and V on triton (powers of two on helion). ``pins`` fix layout fields
+    (:mod:`kda_fuzz.contracts.pins`; GDN has no ``lower_bound``)."""
+    pz = pin_strategies(pins, variant, exclude=NOT_GDN)
     return kl.layouts(variant, budget, max_b, bucket=bucket, family=family,
-                      max_bhv=max_bhv).map(lambda p: build(p, variant, device))
+                      max_bhv=max_bhv, pins=pz).map(lambda p: build(p, variant, device))
 
 
 def families(variant: str, n: int, seed: int = 0, budget: int = DEFAULT_BUDGET

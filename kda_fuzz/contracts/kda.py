@@ -607,6 +607,7 @@ CONTRACT = Contract(
     valid_cases=kda_layouts.valid_cases,
     broken_cases=kda_layouts.broken_cases,
     broken_arms=kda_layouts.broken_arms,
+    aims=lambda variant: {b.name: b.check for b in kda_layouts.breakages(variant)},
     holes=HOLES,
     families=kda_layouts.families,
     cross_judge=cross_judge,

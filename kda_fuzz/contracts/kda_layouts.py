@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
+from hypothesis import reject
 from hypothesis import strategies as st
 
 from ..case import Case, TensorArg, footprint
+from .pins import normalize as pin_strategies
 
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -339,14 +342,24 @@ _SEED = st.integers(0, 2**32 - 1)
 @st.composite
 def layouts(draw: Callable, variant: str, budget: int = DEFAULT_BUDGET,
             max_b: int = 256, max_spare: int = 64, bucket: bool = False,
-            family: KdaLayout | None = None, max_bhv: int | None = None) -> KdaLayout:
+            family: KdaLayout | None = None, max_bhv: int | None = None,
+            pins: Mapping[str, Any] | None = None) -> KdaLayout:
     """Valid ``KdaLayout`` values of a contract variant, within ``budget`` state elements.
 
     ``bucket`` rounds B up to a power of four with trailing padding rows, so that a
     shape-specialising kernel compiles once per bucket rather than once per batch size.
     ``family`` fixes everything a kernel may compile for (head counts and dims, dtypes,
     strides, flags); only B, padding, indices and values are drawn. ``max_bhv`` bounds
-    B * HV (programs of an interpreted kernel launch)."""
+    B * HV (programs of an interpreted kernel launch). ``pins`` fix fields to a value, a
+    list of values or a strategy (:mod:`kda_fuzz.contracts.pins`); pinned sizes override
+    the budget."""
+    pz = pins if pins is not None and all(isinstance(v, st.SearchStrategy)
+                                          for v in pins.values()) \
+        else pin_strategies(pins, variant)
+
+    def pick(name: str, default: st.SearchStrategy[Any]) -> Any:
+        return draw(pz[name]) if name in pz else draw(default)
+
     if family is not None:
         per_row = max(1, family.HV * family.V * family.K)
         B, tail = _batch(draw, max(1, min(max_b, budget // per_row)), max_b, bucket)
@@ -355,51 +368,84 @@ def layouts(draw: Callable, variant: str, budget: int = DEFAULT_BUDGET,
             padding=draw(_PADDING), pad_value=draw(_PAD_VALUE), values=draw(values()),
             seed=draw(_SEED),
         )
-    K = draw(_dim(variant, budget))
-    V = draw(_dim(variant, budget // K))
+    K = pick("K", _dim(variant, budget))
+    V = pick("V", _dim(variant, max(1, budget // K)))
     per_head = max(1, V * K)
     max_hv = max(1, min(64, budget // per_head, max_bhv or 64))
-    H = draw(st.integers(1, min(8, max_hv)))
-    HV = H * draw(st.integers(1, max(1, min(8, max_hv // H))))
+    if "HV" in pz:
+        HV = draw(pz["HV"])
+        H = pick("H", st.sampled_from([d for d in range(1, min(8, HV) + 1) if HV % d == 0]))
+    else:
+        H = pick("H", st.integers(1, min(8, max_hv)))
+        HV = H * draw(st.integers(1, max(1, min(8, max_hv // H))))
+    if min(H, HV, K, V) < 1 or HV % H or (variant == "helion"
+                                          and not (_is_pow2(K) and _is_pow2(V))):
+        reject()  # a user's strategy drew sizes no valid layout has
     cap = max(1, min(max_b, budget // (HV * per_head), (max_bhv or HV * max_b) // HV))
-    B, tail = _batch(draw, cap, max_b, bucket)
+    slots = draw(pz["num_slots"]) if "num_slots" in pz else None
+    if slots is not None:
+        cap = max(1, min(cap, slots))
+    if "B" in pz:
+        B, tail = draw(pz["B"]), 0
+    else:
+        B, tail = _batch(draw, cap, max_b, bucket)
+    if slots is not None and B + tail > slots:
+        if "B" in pz:
+            reject()  # a pinned B larger than the pinned pool
+        B, tail = slots, 0
     max_spare = max(0, min(max_spare, 2 * budget // (HV * per_head) - B))
-    qkv_dtype = draw(st.sampled_from(FLOATS))
+    qkv_dtype = pick("qkv_dtype", st.sampled_from(FLOATS))
     same_or = st.sampled_from((qkv_dtype, *FLOATS))
+    if slots is not None:
+        spare = slots - B - tail
+    else:
+        spare = pick("spare_slots", st.one_of(st.integers(0, min(3, max_spare)),
+                                              st.integers(0, max_spare)))
+    strided = pick("strides", st.just(True))
+
+    def pad(name: str, hi: int) -> int:
+        return pick(name, _small_or(hi) if strided else st.just(0))
+
     return KdaLayout(
         B=B + tail, H=H, HV=HV, K=K, V=V, tail_padding=tail,
-        spare_slots=draw(st.one_of(st.integers(0, min(3, max_spare)),
-                                   st.integers(0, max_spare))),
+        spare_slots=spare,
         qkv_dtype=qkv_dtype,
-        ab_dtype=draw(same_or),
-        param_dtype=draw(st.sampled_from((torch.float32, qkv_dtype))),
-        out_dtype=draw(same_or),
-        state_dtype=draw(st.sampled_from(FLOATS)),
-        idx_dtype=draw(st.sampled_from(INDEX_DTYPES)),
-        padding=draw(_PADDING),
-        pad_value=draw(_PAD_VALUE),
-        qkv_row_pad=draw(_small_or(64)),
-        a_row_pad=draw(_small_or(32)),
-        b_row_pad=draw(_small_or(8)),
-        slot_pad=draw(_small_or(64)),
-        guard=draw(_small_or(16)),
-        use_qk_l2norm_in_kernel=draw(st.booleans()),
-        lower_bound=draw(st.one_of(st.none(), st.none(),
-                                   st.sampled_from((-5.0, -1.0, -0.1, -20.0)),
-                                   st.floats(-30.0, -1e-3))),
-        scale=draw(st.one_of(st.none(), st.sampled_from((1.0, 0.0, -1.0)),
-                             st.floats(-4.0, 4.0, allow_subnormal=False))),
-        values=draw(values()),
+        ab_dtype=pick("ab_dtype", same_or),
+        param_dtype=pick("param_dtype", st.sampled_from((torch.float32, qkv_dtype))),
+        out_dtype=pick("out_dtype", same_or),
+        state_dtype=pick("state_dtype", st.sampled_from(FLOATS)),
+        idx_dtype=pick("idx_dtype", st.sampled_from(INDEX_DTYPES)),
+        padding=pick("padding", _PADDING),
+        pad_value=pick("pad_value", _PAD_VALUE),
+        qkv_row_pad=pad("qkv_row_pad", 64),
+        a_row_pad=pad("a_row_pad", 32),
+        b_row_pad=pad("b_row_pad", 8),
+        slot_pad=pad("slot_pad", 64),
+        guard=pad("guard", 16),
+        use_qk_l2norm_in_kernel=pick("use_qk_l2norm_in_kernel", st.booleans()),
+        lower_bound=pick("lower_bound", st.one_of(st.none(), st.none(),
+                                                  st.sampled_from((-5.0, -1.0, -0.1, -20.0)),
+                                                  st.floats(-30.0, -1e-3))),
+        scale=pick("scale", st.one_of(st.none(), st.sampled_from((1.0, 0.0, -1.0)),
+                                      st.floats(-4.0, 4.0, allow_subnormal=False))),
+        values=pick("values", values()),
         seed=draw(_SEED),
     )
 
 
+def _is_pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
 def valid_cases(variant: str, *, budget: int = DEFAULT_BUDGET, device: str = "cpu",
                 max_b: int = 256, bucket: bool = False, family: KdaLayout | None = None,
-                max_bhv: int | None = None) -> st.SearchStrategy[Case]:
-    """Cases that the contract variant accepts, built on ``device``."""
-    return layouts(variant, budget, max_b, bucket=bucket, family=family, max_bhv=max_bhv).map(
-        lambda p: build(p, variant, device))
+                max_bhv: int | None = None, pins: Mapping[str, Any] | None = None
+                ) -> st.SearchStrategy[Case]:
+    """Cases that the contract variant accepts, built on ``device`` (``pins``: fields
+    fixed to values, lists or strategies, see :mod:`kda_fuzz.contracts.pins`)."""
+    pz = pin_strategies(pins, variant)  # checked now, not at the first draw
+    return layouts(variant, budget, max_b, bucket=bucket, family=family, max_bhv=max_bhv,
+                   pins=pz).map(lambda p: build(p, variant, device))
 
 
 def families(variant: str, n: int, seed: int = 0, budget: int = DEFAULT_BUDGET
