@@ -8,9 +8,9 @@ that ``import kda_fuzz`` stays cheap.
 from typing import Any
 
 from . import _kernels_path
+from ._version import __version__
 
-__version__ = "0.1.0"
-__all__ = ["assert_conforms", "check", "strategies"]
+__all__ = ["__version__", "assert_conforms", "check", "strategies"]
 
 _kernels_path.install()
 

@@ -15,7 +15,8 @@ from typing import Any, Literal
 
 from .case import Case
 from .contracts import get_contract
-from .oracle import run_case
+from .corpus import replay_command_line, save_case
+from .oracle import expectation, run_case
 from .progress import layout_of
 from .targets import Target, check_signature, load_target
 from .verdict import Verdict
@@ -59,8 +60,6 @@ def failure_report(target: str, case: Case, verdict: Verdict, saved: Path | None
              f"  expected: {_expected(case)}",
              f"  layout: {layout_of(case)}"]
     if saved is not None:
-        from .corpus import replay_command_line
-
         lines += [f"  saved: {saved}",
                   f"  reproduce: {replay_command_line(target, saved, variant=case.variant)}"]
     else:
@@ -70,8 +69,6 @@ def failure_report(target: str, case: Case, verdict: Verdict, saved: Path | None
 
 
 def _expected(case: Case) -> str:
-    from .oracle import expectation
-
     return expectation(get_contract(case.contract), case).describe()
 
 
@@ -95,8 +92,6 @@ def save_pending(directory: Path, test: str) -> tuple[Path, str, str] | None:
     item = PENDING.pop("failure", None)
     if item is None:
         return None
-    from .corpus import save_case
-
     name, case, verdict = item
     path = save_case(case, verdict, directory,
                      description=f"{verdict.kind}/{verdict.what} on {name} in {test}",

@@ -81,6 +81,7 @@ from typing import Any
 
 import torch
 
+from ._version import __version__
 from .atomic import write_atomic
 from .case import Case, TensorArg
 from .contract import Contract, Expectation
@@ -344,8 +345,6 @@ def case_digest(case: Case) -> str:
 
 def _versions() -> dict[str, str | None]:
     from importlib import metadata
-
-    from . import __version__
 
     def dist(name: str) -> str | None:
         try:
