@@ -504,6 +504,17 @@ def _replay(args: argparse.Namespace) -> int:
                           as_json=args.json, timeout=args.timeout)
 
 
+def _project_families() -> None:
+    """Make the project's own families (``[tool.kda-fuzz] families``) known here and in
+    every worker (through the environment they inherit)."""
+    cfg = _config()
+    if cfg.families:
+        from .contracts import ENV_VAR
+
+        have = [s for s in os.environ.get(ENV_VAR, "").split(",") if s]
+        os.environ[ENV_VAR] = ",".join(dict.fromkeys([*have, *cfg.families]))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``kda-fuzz`` console script."""
     parser = build_parser()
@@ -515,6 +526,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     try:
+        _project_families()
         if args.command == "fuzz":
             return _fuzz(args)
         if args.command == "merge":

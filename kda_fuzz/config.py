@@ -7,6 +7,7 @@
     hypothesis_profile = "ci"           # optional: profile the pytest plugin loads
     example_db = "redis://ci-redis:6379/0"  # optional: shared example database (a URL or
                                         # a folder; see kda_fuzz/exampledb.py)
+    families = ["mypkg.contract:CONTRACT"]  # optional: the project's own contract families
 
     [tool.kda-fuzz.targets.kda]         # per contract family, per variant
     helion = ["mypkg.decode:my_kernel"]
@@ -31,7 +32,7 @@ from typing import Any
 
 TABLE = "kda-fuzz"
 DEFAULT_CORPUS = ("corpus",)
-KEYS = ("corpus", "targets", "hypothesis_profile", "example_db")
+KEYS = ("corpus", "targets", "hypothesis_profile", "example_db", "families")
 
 
 class ConfigError(Exception):
@@ -71,6 +72,7 @@ class Config:
     targets: Mapping[str, Mapping[str, tuple[str, ...]]] = field(default_factory=dict)
     hypothesis_profile: str | None = None
     example_db: str | None = None
+    families: tuple[str, ...] = ()  # MODULE:ATTRIBUTE of the project's own Contracts
 
     @property
     def corpus_dirs(self) -> list[Path]:
@@ -114,6 +116,10 @@ def parse(table: Mapping[str, Any], root: Path, path: Path | None = None) -> Con
     if example_db is not None and not (isinstance(example_db, str) and example_db):
         raise ConfigError(f"{where} example_db must be a non-empty string (a redis:// URL "
                           f"or a folder), got {example_db!r}")
+    families = _strings(table.get("families", []), f"{where} families")
+    bad = [s for s in families if s.count(":") != 1 or s.startswith(":") or s.endswith(":")]
+    if bad:
+        raise ConfigError(f"{where} families: {bad[0]!r} is not of the form MODULE:ATTRIBUTE")
     raw = table.get("targets", {})
     if not isinstance(raw, dict):
         raise ConfigError(f"{where} targets must be a table of families, got {raw!r}")
@@ -132,7 +138,7 @@ def parse(table: Mapping[str, Any], root: Path, path: Path | None = None) -> Con
                                   "of the form MODULE:CALLABLE")
             targets[family][variant] = specs
     return Config(root=root, path=path, present=True, corpus=corpus, targets=targets,
-                  hypothesis_profile=profile, example_db=example_db)
+                  hypothesis_profile=profile, example_db=example_db, families=families)
 
 
 def load_config(start: Path) -> Config:

@@ -85,7 +85,7 @@ from ._version import __version__
 from .atomic import write_atomic
 from .case import Case, TensorArg
 from .contract import Contract, Expectation
-from .contracts import CONTRACTS, get_contract
+from .contracts import get_contract
 from .isolate import IsolatedTarget
 from .oracle import Outcome, expectation, run_case
 from .targets import TargetError, default_targets
@@ -605,7 +605,7 @@ def _decode_tensor(name: str, obj: Any, schema: int = SCHEMA) -> TensorArg:
 def _decode_scalar(family: str, name: str, value: Any) -> Any:
     """A scalar of a corpus file, checked against its kind in the contract's ``scalars``:
     "float" (finite), "float?" (null or finite), "bool"."""
-    kind = CONTRACTS[family].scalars.get(name)
+    kind = get_contract(family).scalars.get(name)
     value = _unjson(value)
     if kind is None:
         return value
@@ -636,9 +636,7 @@ def _decode(path: Path, doc: Any) -> tuple[Case, Verdict | None, dict[str, Any]]
     meta_contract = _field(doc, "contract", dict, "file")
     family = _field(meta_contract, "family", str, "contract")
     variant = _field(meta_contract, "variant", str, "contract")
-    contract = CONTRACTS.get(family)
-    if contract is None:
-        raise ValueError(f"unknown contract family {family!r} (known: {', '.join(CONTRACTS)})")
+    contract = get_contract(family)
     if variant not in contract.variants:
         raise ValueError(f"unknown variant {variant!r} of contract {family!r} "
                          f"(known: {', '.join(contract.variants)})")

@@ -169,6 +169,11 @@ def pytest_configure(config: pytest.Config) -> None:
     st = state(config)
     if not st.active:
         return
+    if st.config.families:  # the project's own families, here and in the workers
+        from .contracts import ENV_VAR
+
+        have = [s for s in os.environ.get(ENV_VAR, "").split(",") if s]
+        os.environ[ENV_VAR] = ",".join(dict.fromkeys([*have, *st.config.families]))
     config.addinivalue_line("markers", "gpu: needs a CUDA device; run with `-m gpu`")
     config.addinivalue_line("markers", "slow: long-running; deselect with `-m 'not slow'`")
     config.addinivalue_line("markers", "corpus: a replayed corpus file")

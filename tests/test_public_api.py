@@ -180,3 +180,74 @@ def test_user_guide_example_from_outside_the_package(tmp_path):
                         str(files[0])], cwd=bad, env=env, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+CHECKED_KERNEL = '''
+import torch
+
+from kda_fuzz_kernels.kda_decode import (reference_kda_packed_decode,
+                                         validate_packed_decode_inputs)
+
+
+def decode(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, ssm_state_indices,
+           use_qk_l2norm_in_kernel=False, lower_bound=None, check_indices=False):
+    validate_packed_decode_inputs(mixed_qkv, a, b, A_log, dt_bias, initial_state, out,
+                                  ssm_state_indices, "triton")
+    top = int(ssm_state_indices.max()) if ssm_state_indices.numel() else -1
+    if check_indices and top >= initial_state.shape[0]:
+        raise ValueError(f"`ssm_state_indices` must be below "
+                         f"num_slots={initial_state.shape[0]} (got {top}).")
+    return reference_kda_packed_decode(mixed_qkv, a, b, A_log, dt_bias, scale,
+                                       initial_state, out, ssm_state_indices,
+                                       use_qk_l2norm_in_kernel, lower_bound)
+
+
+def unchecked(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out,
+              ssm_state_indices, use_qk_l2norm_in_kernel=False, lower_bound=None,
+              check_indices=False):
+    top = int(ssm_state_indices.max()) if ssm_state_indices.numel() else -1
+    if top >= initial_state.shape[0]:
+        raise ValueError("index out of range")  # its own words: the contract's are pinned
+    return decode(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out,
+                  ssm_state_indices, use_qk_l2norm_in_kernel, lower_bound, False)
+'''
+
+
+def test_derived_contract_from_the_user_guide(tmp_path):
+    """The guide's derived family, registered from a project's pyproject.toml: fuzzed,
+    saved, replayed by the CLI and collected by pytest under its own family."""
+    proj = tmp_path / "user"
+    (proj / "my_project").mkdir(parents=True)
+    (proj / "my_project" / "__init__.py").write_text("")
+    (proj / "my_project" / "decode.py").write_text(CHECKED_KERNEL)
+    blocks = _guide_blocks()
+    (proj / "my_project" / "contract.py").write_text(blocks[1])
+    toml = re.findall(r"```toml\n(.*?)```", (ROOT / "docs/user-guide.md").read_text(),
+                      re.S)[0]
+    (proj / "pyproject.toml").write_text('[project]\nname = "user"\nversion = "0"\n\n'
+                                         + toml)
+    env = {**os.environ, "PYTHONPATH": str(proj)}
+    cli = [sys.executable, "-m", "kda_fuzz"]
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*cli, *args], cwd=proj, env=env, capture_output=True,
+                              text=True, timeout=900)
+
+    common = ("--family", "kda-checked", "--contract", "triton", "--max-examples", "300",
+              "--seed", "1", "--jobs", "1")
+    r = run("fuzz", *common, "--target", "my_project.decode:decode", "--no-save")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "23:" in r.stdout  # the new check was hit
+    r = run("fuzz", *common, "--target", "my_project.decode:unchecked",
+            "--corpus", "corpus/found")
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
+    files = sorted((proj / "corpus" / "found").glob("*.json"))
+    assert files and all('"family": "kda-checked"' in f.read_text() or
+                         '"kda-checked"' in f.read_text() for f in files)
+    r = run("replay", "--family", "kda-checked", "--contract", "triton", "--target",
+            "my_project.decode:decode", *map(str, files))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist",
+                        "-p", "no:cacheprovider", "corpus"], cwd=proj, env=env,
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0 and f"{len(files)} passed" in r.stdout, r.stdout[-3000:]
