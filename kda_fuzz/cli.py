@@ -78,6 +78,20 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--scale-budget", type=int, default=None, metavar="BYTES",
                    help="device bytes per scale case (default: 0.8 of the device's free "
                         "memory, split between the jobs)")
+    f.add_argument("--layout", action="append", default=[], metavar="SPEC|NAME",
+                   help="pin a layout the deployment serves, e.g. 'H=16,HV=32,K=128,V=128,"
+                        "state=bfloat16' ('|' lists values: 'B=1|8|64'), or the NAME of a "
+                        "preset in [tool.kda-fuzz.layouts] (repeatable); --layout-share of "
+                        "the valid examples go to the pins (all else drawn around them), "
+                        "the rest to the whole space")
+    f.add_argument("--layout-share", type=float, default=0.75,
+                   help="share of the valid examples spent on --layout pins (default 0.75)")
+    f.add_argument("--unsupported", action="append", default=[],
+                   metavar="FEATURE|FIELD=VALUE",
+                   help="what the targets do not support, never drawn for them: lower_bound, "
+                        "strides, padding, l2norm, or one value (state=float16, "
+                        "indices=int64, l2norm=False); repeatable; also from a target's "
+                        "kda_fuzz_unsupported attribute and [tool.kda-fuzz.unsupported]")
     f.add_argument("--shrink-seconds", type=float, default=30.0,
                    help="time allowed to minimize each distinct failure (default 30)")
     f.add_argument("--max-failures", type=int, default=20, metavar="N",
@@ -257,6 +271,7 @@ def _fuzz(args: argparse.Namespace) -> int:
         valid_share=args.valid_share, max_seconds=args.max_seconds,
         max_failures=args.max_failures, messages=args.messages, strict=args.strict,
         history=bool(args.report), **_shaping(args, contract))
+    options.update(_pinned(args, contract))
     if shard is not None:  # the plan of the whole campaign, this shard's share of it
         from .shard import DEFAULT_SEED
 
@@ -278,7 +293,7 @@ def _fuzz(args: argparse.Namespace) -> int:
             early.abort()
         raise
     db = _example_db(args, contract, [*targets, *peers])
-    report_notes = []
+    report_notes = _pin_notes(options, [*targets, *peers], contract, args.contract)
     if not args.device.startswith("cuda") and not (args.budget or args.max_b) \
             and not _own_kernels(targets, contract, args.contract):
         from .calibrate import apply, calibrate
@@ -350,6 +365,66 @@ def _fuzz(args: argparse.Namespace) -> int:
         print(f"kda-fuzz: report written to {path}", file=sys.stderr)
     _print_report(report, args.json)
     return EXIT_FAILURE if report.failures else EXIT_OK
+
+
+def _pinned(args: argparse.Namespace, contract: Any) -> dict[str, Any]:
+    """``--layout`` pins and ``--unsupported`` features as campaign options, checked now
+    (a pin no valid layout can have is a usage error)."""
+    from .contracts.pins import PinError, parse_layout, scalar_of
+
+    if not 0 <= args.layout_share <= 1:
+        raise UsageError("--layout-share must be between 0 and 1")
+    cfg = _config()
+    layouts = []
+    for spec in args.layout:
+        if "=" not in spec:
+            if spec not in cfg.layouts:
+                raise UsageError(f"--layout {spec!r}: no such preset in [tool.kda-fuzz.layouts]"
+                                 f" (presets: {', '.join(cfg.layouts) or 'none'})")
+            layouts.append((spec, {k: scalar_of(v) if isinstance(v, str) else v
+                                   for k, v in cfg.layouts[spec].items()}))
+            continue
+        try:
+            layouts.append((spec.replace(",", " "), parse_layout(spec)))
+        except PinError as e:
+            raise UsageError(f"--layout: {e}") from None
+    unsupported = [*args.unsupported]
+    for spec in [*(args.target or []), *(args.peer or [])]:
+        unsupported += cfg.unsupported.get(spec, [])
+    try:
+        for _name, pins in layouts:
+            contract.valid_cases(args.contract, pins=pins)
+        if unsupported:
+            if contract.restrict is None:
+                raise UsageError(f"family {contract.name!r} declares no features to leave out")
+            contract.restrict(unsupported, args.contract)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    return {"layouts": tuple(layouts), "layout_share": args.layout_share,
+            "unsupported": tuple(dict.fromkeys(unsupported))}
+
+
+def _pin_notes(options: dict[str, Any], targets: list[Any], contract: Any,
+               variant: str) -> list[str]:
+    """What the summary says of pinned layouts and of what was left out."""
+    notes = []
+    if options.get("layouts"):
+        names = "; ".join(n for n, _ in options["layouts"])
+        notes.append(f"pinned layouts: {options['layout_share']:.0%} of the valid examples "
+                     f"on {names} (the unpinned fields drawn around them), the rest over "
+                     "the whole space")
+    declared = [u for t in targets for u in getattr(t.fn, "kda_fuzz_unsupported", ())]
+    left = tuple(dict.fromkeys([*options.get("unsupported", ()), *declared]))
+    if left and contract.restrict is not None:
+        from .contracts.pins import describe
+
+        try:
+            pins = contract.restrict(left, variant)
+        except ValueError as e:
+            raise UsageError(f"a target's kda_fuzz_unsupported: {e}") from None
+        notes.append(f"left out (the targets do not support them): {', '.join(left)} "
+                     f"(drawn only with {describe(pins)})")
+    return notes
 
 
 def _shard(args: argparse.Namespace) -> Any:

@@ -9,6 +9,12 @@
                                         # a folder; see kda_fuzz/exampledb.py)
     families = ["mypkg.contract:CONTRACT"]  # optional: the project's own contract families
 
+    [tool.kda-fuzz.layouts]             # optional: named pins for `kda-fuzz fuzz --layout NAME`
+    served = {H = 16, HV = 32, K = 128, V = 128, state = "bfloat16"}
+
+    [tool.kda-fuzz.unsupported]         # optional: what a target does not support
+    "mypkg.decode:my_kernel" = ["lower_bound", "state=float16"]
+
     [tool.kda-fuzz.targets.kda]         # per contract family, per variant
     helion = ["mypkg.decode:my_kernel"]
     triton = ["mypkg.decode:my_triton_kernel"]
@@ -32,7 +38,8 @@ from typing import Any
 
 TABLE = "kda-fuzz"
 DEFAULT_CORPUS = ("corpus",)
-KEYS = ("corpus", "targets", "hypothesis_profile", "example_db", "families")
+KEYS = ("corpus", "targets", "hypothesis_profile", "example_db", "families", "layouts",
+        "unsupported")
 
 
 class ConfigError(Exception):
@@ -73,6 +80,8 @@ class Config:
     hypothesis_profile: str | None = None
     example_db: str | None = None
     families: tuple[str, ...] = ()  # MODULE:ATTRIBUTE of the project's own Contracts
+    layouts: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # named pins
+    unsupported: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # per target
 
     @property
     def corpus_dirs(self) -> list[Path]:
@@ -120,6 +129,16 @@ def parse(table: Mapping[str, Any], root: Path, path: Path | None = None) -> Con
     bad = [s for s in families if s.count(":") != 1 or s.startswith(":") or s.endswith(":")]
     if bad:
         raise ConfigError(f"{where} families: {bad[0]!r} is not of the form MODULE:ATTRIBUTE")
+    layouts = table.get("layouts", {})
+    if not isinstance(layouts, dict) or not all(isinstance(v, dict) and v
+                                                 for v in layouts.values()):
+        raise ConfigError(f"{where} layouts must be a table of named pin tables "
+                          f"(e.g. served = {{H = 16, K = 128}}), got {layouts!r}")
+    raw_un = table.get("unsupported", {})
+    if not isinstance(raw_un, dict):
+        raise ConfigError(f"{where} unsupported must be a table of target = [features], "
+                          f"got {raw_un!r}")
+    unsupported = {k: _strings(v, f"{where} unsupported.{k}") for k, v in raw_un.items()}
     raw = table.get("targets", {})
     if not isinstance(raw, dict):
         raise ConfigError(f"{where} targets must be a table of families, got {raw!r}")
@@ -138,7 +157,8 @@ def parse(table: Mapping[str, Any], root: Path, path: Path | None = None) -> Con
                                   "of the form MODULE:CALLABLE")
             targets[family][variant] = specs
     return Config(root=root, path=path, present=True, corpus=corpus, targets=targets,
-                  hypothesis_profile=profile, example_db=example_db, families=families)
+                  hypothesis_profile=profile, example_db=example_db, families=families,
+                  layouts=layouts, unsupported=unsupported)
 
 
 def load_config(start: Path) -> Config:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -117,7 +117,8 @@ class BrokenCases(Protocol):
     :attr:`Contract.broken_arms`), else a random mix."""
 
     def __call__(self, variant: str, *, device: str = ...,
-                 only: tuple[str, ...] | str | None = ...) -> SearchStrategy[Case]: ...
+                 only: tuple[str, ...] | str | None = ...,
+                 pins: Mapping[str, Any] | None = ...) -> SearchStrategy[Case]: ...
 
 
 class Judge(Protocol):
@@ -219,7 +220,8 @@ class Contract:
     (calibration cases), ``scale``, ``judge_budget`` (the judge fills an error budget)
     ``status`` (notes for a campaign's summary on the family's own machinery, e.g. a
     fast path that turned itself off) and ``aims`` (the check each breakage of a variant
-    aims at, for :func:`kda_fuzz.strategies.broken_layouts`).
+    aims at, for :func:`kda_fuzz.strategies.broken_layouts`) and ``restrict`` (the pins
+    that leave out features a target declares it does not support).
     """
 
     name: str
@@ -250,6 +252,8 @@ class Contract:
     status: Callable[[], list[str]] | None = None
     # breakage name -> the check it aims at (None: a semantic rule), per variant
     aims: Callable[[str], Mapping[str, int | None]] | None = None
+    # pins (for valid_cases/broken_cases) that leave out what a target does not support
+    restrict: Callable[[Sequence[str], str], Mapping[str, Any]] | None = None
 
     def checks_for(self, variant: str) -> tuple[Check, ...]:
         self._require_variant(variant)

@@ -6,7 +6,7 @@ import contextlib
 import random
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -247,7 +247,9 @@ def plan(contract: Contract, variant: str, max_examples: int, *, device: str = "
          budget: int | None = None, valid_share: float = 0.5, families: int = 0,
          bucket: bool = False, max_b: int | None = None, seed: int | None = None,
          max_bhv: int | None = None, parts: int = 1, scale_share: float = 0.0,
-         scale_budget: int | None = None) -> list[Arm]:
+         scale_budget: int | None = None,
+         layouts: Sequence[tuple[str, Mapping[str, Any]]] = (), layout_share: float = 0.75,
+         restrict: Mapping[str, Any] | None = None) -> list[Arm]:
     """Split a campaign's examples: every broken stratum (each breakage, each adjacent pair
     of checks) gets its share, then a random mix of breakages, then valid layouts.
 
@@ -257,13 +259,19 @@ def plan(contract: Contract, variant: str, max_examples: int, *, device: str = "
 
     ``scale_share`` of the examples (taken from the valid ones) go to the contract's
     scale stratum (``Contract.scale``), sized to ``scale_budget`` bytes (default:
-    0.8 of the device's free memory split between ``parts`` jobs); none when nothing fits."""
+    0.8 of the device's free memory split between ``parts`` jobs); none when nothing fits.
+
+    ``layouts``: named pins (a deployment's shapes); ``layout_share`` of the valid examples
+    go to them (``valid:pin:NAME`` arms: the pinned fields fixed, everything else drawn
+    around them), the rest to the whole space. ``restrict``: pins every arm honours
+    (what the targets do not support is never drawn)."""
     arms_scale = _scale_arms(contract, variant, max_examples, device, scale_share,
                              scale_budget, parts)
     max_examples -= sum(a.examples for a in arms_scale)
     arms = _plan(contract, variant, max_examples, device=device, budget=budget,
                  valid_share=valid_share, families=families, bucket=bucket, max_b=max_b,
-                 seed=seed, max_bhv=max_bhv, parts=parts)
+                 seed=seed, max_bhv=max_bhv, parts=parts, layouts=layouts,
+                 layout_share=layout_share, restrict=restrict)
     return [*arms, *arms_scale]
 
 
@@ -286,16 +294,21 @@ def _scale_arms(contract: Contract, variant: str, max_examples: int, device: str
 def _plan(contract: Contract, variant: str, max_examples: int, *, device: str,
           budget: int | None, valid_share: float, families: int, bucket: bool,
           max_b: int | None, seed: int | None, max_bhv: int | None,
-          parts: int) -> list[Arm]:
+          parts: int, layouts: Sequence[tuple[str, Mapping[str, Any]]] = (),
+          layout_share: float = 0.75, restrict: Mapping[str, Any] | None = None
+          ) -> list[Arm]:
     strata = contract.broken_arms(variant)
     n_broken = round(max_examples * (1 - valid_share))
     per = (n_broken * 4 // 5) // max(1, len(strata))  # 0: too few examples, mix only
-    arms = [Arm(f"broken:{name}", contract.broken_cases(variant, device=device, only=only), per)
+    pk: dict[str, Any] = {"pins": dict(restrict)} if restrict else {}
+    arms = [Arm(f"broken:{name}", contract.broken_cases(variant, device=device, only=only,
+                                                        **pk), per)
             for name, only in strata] if per else []
     used = per * len(arms)
     mix = max(0, n_broken - used)
     if mix:
-        arms.append(Arm("broken:mix", contract.broken_cases(variant, device=device), mix))
+        arms.append(Arm("broken:mix", contract.broken_cases(variant, device=device, **pk),
+                        mix))
     used += mix
     n_valid = max_examples - used
     if n_valid <= 0:
@@ -309,6 +322,14 @@ def _plan(contract: Contract, variant: str, max_examples: int, *, device: str,
         kw["bucket"] = True
     if max_bhv:
         kw["max_bhv"] = max_bhv
+    if layouts:
+        n_pinned = round(n_valid * layout_share)
+        n_valid -= n_pinned
+        for (name, pins), n in zip(layouts, _split(n_pinned, len(layouts))):
+            strategy = contract.valid_cases(variant, **kw, pins={**(restrict or {}), **pins})
+            arms += [Arm(f"valid:pin:{name}" + (f":part{j}" if parts > 1 else ""),
+                         strategy, k) for j, k in enumerate(_split(n, max(1, parts))) if k]
+    kw.update(pk)
     fams = (contract.families(variant, families, seed or 0, **({"budget": budget} if budget
                                                                else {}))
             if families and contract.families else [])
@@ -383,14 +404,22 @@ class CampaignOptions:
     # (i, n): run shard i (0-based) of n of the campaign's plan (kda_fuzz.shard); with n > 1,
     # max_examples counts the examples of all n shards together
     shard: tuple[int, int] = (0, 1)
+    # pinned layouts (name, pins) and the share of valid examples they get (see ``plan``)
+    layouts: tuple[tuple[str, dict[str, Any]], ...] = ()
+    layout_share: float = 0.75
+    # what the targets do not support (Contract.restrict): never drawn
+    unsupported: tuple[str, ...] = ()
 
 
 def campaign_plan(contract: Contract, variant: str, o: CampaignOptions) -> list[Arm]:
     """The whole plan of a campaign with options ``o`` (before it is dealt to jobs)."""
+    restrict = (contract.restrict(o.unsupported, variant)
+                if o.unsupported and contract.restrict is not None else None)
     return plan(contract, variant, o.max_examples, device=o.device, budget=o.budget,
                 valid_share=o.valid_share, families=o.families, bucket=o.bucket,
                 max_b=o.max_b, seed=o.seed, max_bhv=o.max_bhv, parts=o.job[1],
-                scale_share=o.scale_share, scale_budget=o.scale_budget)
+                scale_share=o.scale_share, scale_budget=o.scale_budget,
+                layouts=o.layouts, layout_share=o.layout_share, restrict=restrict)
 
 
 class Recorder:
@@ -434,6 +463,10 @@ class Campaign:
         self.peers = list(peers or [])
         self.targets = [*targets, *self.peers]
         self.options = options or CampaignOptions()
+        declared = [u for t in self.targets for u in getattr(t.fn, "kda_fuzz_unsupported", ())]
+        if declared:  # what a target says it does not support is never drawn for it
+            self.options = replace(self.options, unsupported=tuple(dict.fromkeys(
+                [*self.options.unsupported, *declared])))
         if self.options.seed is None:
             self.options.seed = random.randrange(2**31)
         self.report = Report(contract.name, variant, [t.name for t in self.targets],

@@ -31,7 +31,7 @@ import torch
 from ..case import Case
 from ..contract import Check, Contract, Hole, ModuleExecution, Sizing
 from ..verdict import Verdict
-from . import gdn_layouts, kda
+from . import gdn_layouts, kda, pins
 from .kda_layouts import KdaLayout
 from .packed_shrink import PackedDecodeShrinker
 
@@ -114,6 +114,8 @@ CONTRACT = Contract(
     broken_cases=gdn_layouts.broken_cases,
     broken_arms=gdn_layouts.broken_arms,
     aims=lambda variant: {b.name: b.check for b in gdn_layouts.breakages(variant)},
+    restrict=lambda unsupported, variant: pins.restrictions(unsupported, variant,
+                                                            gdn_layouts.NOT_GDN),
     holes=HOLES,
     families=gdn_layouts.families,
     cross_judge=cross_judge,

@@ -90,9 +90,10 @@ def broken_arms(variant: str) -> list[tuple[str, tuple[str, ...]]]:
 
 
 def broken_cases(variant: str, *, budget: int = 4096, device: str = "cpu",
-                 only: tuple[str, ...] | str | None = None, max_breaks: int = 3
-                 ) -> st.SearchStrategy[Case]:
+                 only: tuple[str, ...] | str | None = None, max_breaks: int = 3,
+                 pins: Mapping[str, Any] | None = None) -> st.SearchStrategy[Case]:
     """A valid small GDN layout with breakages applied: those named by ``only``, else one
     to ``max_breaks`` drawn at random. Size changes (rebuilds) are applied first."""
     return kl.broken_from(variant, breakages(variant), build, budget=budget, device=device,
-                          only=only, max_breaks=max_breaks)
+                          only=only, max_breaks=max_breaks,
+                          pins=pin_strategies(pins, variant, exclude=NOT_GDN))

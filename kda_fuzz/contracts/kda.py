@@ -43,7 +43,7 @@ from ..contract import (
 )
 from ..oracle import device_error, same_bits
 from ..verdict import Verdict
-from . import kda_layouts, kda_scale
+from . import kda_layouts, kda_scale, pins
 from .packed_shrink import PackedDecodeShrinker
 
 SIGNATURE = (
@@ -608,6 +608,7 @@ CONTRACT = Contract(
     broken_cases=kda_layouts.broken_cases,
     broken_arms=kda_layouts.broken_arms,
     aims=lambda variant: {b.name: b.check for b in kda_layouts.breakages(variant)},
+    restrict=lambda unsupported, variant: pins.restrictions(unsupported, variant),
     holes=HOLES,
     families=kda_layouts.families,
     cross_judge=cross_judge,

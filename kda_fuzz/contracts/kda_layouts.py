@@ -363,10 +363,14 @@ def layouts(draw: Callable, variant: str, budget: int = DEFAULT_BUDGET,
     if family is not None:
         per_row = max(1, family.HV * family.V * family.K)
         B, tail = _batch(draw, max(1, min(max_b, budget // per_row)), max_b, bucket)
+        fixed = {n: draw(s) for n, s in pz.items() if n in _FAMILY_PINS}  # e.g. capabilities
+        if "strides" in pz and not draw(pz["strides"]):
+            fixed.update(dict.fromkeys(("qkv_row_pad", "a_row_pad", "b_row_pad", "slot_pad",
+                                        "guard"), 0))
         return replace(
             family, B=B + tail, tail_padding=tail,
-            padding=draw(_PADDING), pad_value=draw(_PAD_VALUE), values=draw(values()),
-            seed=draw(_SEED),
+            padding=pick("padding", _PADDING), pad_value=pick("pad_value", _PAD_VALUE),
+            values=draw(values()), seed=draw(_SEED), **fixed,
         )
     K = pick("K", _dim(variant, budget))
     V = pick("V", _dim(variant, max(1, budget // K)))
@@ -431,6 +435,12 @@ def layouts(draw: Callable, variant: str, budget: int = DEFAULT_BUDGET,
         values=pick("values", values()),
         seed=draw(_SEED),
     )
+
+
+# fields of a compile family a pin may still fix (dtypes, flags, strides; not its sizes)
+_FAMILY_PINS = ("qkv_dtype", "ab_dtype", "param_dtype", "out_dtype", "state_dtype",
+                "idx_dtype", "qkv_row_pad", "a_row_pad", "b_row_pad", "slot_pad", "guard",
+                "use_qk_l2norm_in_kernel", "lower_bound", "scale")
 
 
 def _is_pow2(n: int) -> bool:
@@ -768,21 +778,23 @@ def arms_of(options: tuple[Breakage, ...]) -> list[tuple[str, tuple[str, ...]]]:
 
 
 def broken_cases(variant: str, *, budget: int = 4096, device: str = "cpu",
-                 only: tuple[str, ...] | str | None = None, max_breaks: int = 3
-                 ) -> st.SearchStrategy[Case]:
+                 only: tuple[str, ...] | str | None = None, max_breaks: int = 3,
+                 pins: Mapping[str, Any] | None = None) -> st.SearchStrategy[Case]:
     """A valid small layout with breakages applied: those named by ``only``, else one to
-    ``max_breaks`` drawn at random. Size changes (rebuilds) are applied first."""
+    ``max_breaks`` drawn at random. Size changes (rebuilds) are applied first. ``pins``
+    fix fields of the valid layout broken (e.g. what a target does not support)."""
     return broken_from(variant, breakages(variant), build, budget=budget, device=device,
-                       only=only, max_breaks=max_breaks)
+                       only=only, max_breaks=max_breaks, pins=pin_strategies(pins, variant))
 
 
 @st.composite
 def broken_from(draw: Callable, variant: str, options: tuple[Breakage, ...],
                 build: Callable[[KdaLayout, str, str], Case], *, budget: int = 4096,
                 device: str = "cpu", only: tuple[str, ...] | str | None = None,
-                max_breaks: int = 3) -> Case:
+                max_breaks: int = 3, pins: Mapping[str, Any] | None = None) -> Case:
     """``broken_cases`` over any breakages and layout builder (shared by the families)."""
-    p = draw(layouts(variant, budget=budget, max_b=8, max_spare=4))
+    p = draw(layouts(variant, budget=budget, max_b=8, max_spare=4,
+                     pins=pins if pins else None))
     if only is not None:
         names = (only,) if isinstance(only, str) else tuple(only)
         chosen = [b for b in options if b.name in names]

@@ -15,7 +15,7 @@ slots, no guard cells). Dtypes may be given as ``torch.dtype`` or by name (``"bf
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -148,3 +148,107 @@ def _check_heads(out: dict[str, st.SearchStrategy[Any]]) -> None:
     if hs and hvs and not any(hv % h == 0 for h in hs for hv in hvs):
         raise PinError(f"no pinned HV {hvs} is a multiple of a pinned H {hs} "
                        "(value heads are grouped over key heads)")
+
+
+def _domain(name: str) -> list[Any] | None:
+    if name == "idx_dtype":
+        return list(INDEX_DTYPES)
+    if name in DTYPES:
+        return list(FLOAT_DTYPES)
+    if name == "use_qk_l2norm_in_kernel":
+        return [False, True]
+    if name == "padding":
+        return list(PADDING_KINDS)
+    if name == "pad_value":
+        return list(PAD_VALUES)
+    return None
+
+
+FEATURES = {  # a feature a target may not support, and the pin that leaves it out
+    "lower_bound": ("lower_bound", [None]),
+    "strides": ("strides", [False]),
+    "padding": ("padding", ["none"]),
+    "l2norm": ("use_qk_l2norm_in_kernel", [False]),
+}
+
+
+def restrictions(unsupported: Iterable[str], variant: str,
+                 exclude: tuple[str, ...] = ()) -> dict[str, list[Any]]:
+    """Pins that leave out what a target does not support: a feature (``lower_bound``,
+    ``strides``, ``padding``, ``l2norm``) or one value of a field (``state=float16``,
+    ``idx_dtype=int64``, ``l2norm=False``, ``padding=all``)."""
+    out: dict[str, list[Any]] = {}
+    for item in unsupported:
+        raw, sep, value = (s.strip() for s in item.partition("="))
+        if not sep:
+            if raw not in FEATURES:
+                raise PinError(f"unsupported {item!r}: name a feature ({', '.join(FEATURES)})"
+                               " or FIELD=VALUE (e.g. state=float16)")
+            name, allowed = FEATURES[raw]
+        else:
+            name = ALIASES.get(raw, raw)
+            domain = _domain(name)
+            if domain is None or name in exclude:
+                raise PinError(f"unsupported {item!r}: {raw} is not a field whose values can "
+                               "be left out (dtypes, l2norm, padding, pad_value); pin the "
+                               "sizes the target supports instead (--layout)")
+            if name in ("use_qk_l2norm_in_kernel",):
+                gone = value.lower() in ("true", "1", "on")
+            elif name in DTYPES:
+                gone = dtype_of(value)
+            else:
+                gone = value
+            allowed = [v for v in out.get(name, domain) if v != gone]
+            if not allowed:
+                raise PinError(f"unsupported {item!r} leaves no valid {name}")
+        prev = out.get(name)
+        out[name] = [v for v in (prev if prev is not None else allowed) if v in allowed]
+        if not out[name]:
+            raise PinError(f"unsupported {item!r} leaves no valid {name}")
+    if exclude:
+        out = {k: v for k, v in out.items() if k not in exclude}
+    return out
+
+
+def describe(pins: Mapping[str, Any]) -> str:
+    """``H=16, state_dtype=bfloat16, lower_bound=None``: pins in one line."""
+    def one(v: Any) -> str:
+        if isinstance(v, torch.dtype):
+            return str(v).removeprefix("torch.")
+        if isinstance(v, list | tuple):
+            return "|".join(one(x) for x in v)
+        return str(v)
+
+    return ", ".join(f"{k}={one(v)}" for k, v in pins.items())
+
+
+def parse_layout(text: str) -> dict[str, Any]:
+    """``"H=16,HV=32,K=128,state=bfloat16,B=1|8|64,lower_bound=none"`` as pins (``|``
+    separates a list of values)."""
+    out: dict[str, Any] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip():
+            raise PinError(f"layout {text!r}: {part!r} is not FIELD=VALUE")
+        values = [scalar_of(v.strip()) for v in value.split("|")]
+        out[key.strip()] = values[0] if len(values) == 1 else values
+    if not out:
+        raise PinError(f"layout {text!r} pins nothing")
+    return out
+
+
+def scalar_of(text: str) -> Any:
+    """A pin value from text: none/true/false, an int, a float, else the text."""
+    low = text.lower()
+    if low in ("none", "null", "off"):
+        return None
+    if low in ("true", "on", "yes"):
+        return True
+    if low in ("false", "no"):
+        return False
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text

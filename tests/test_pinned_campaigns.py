@@ -1,0 +1,80 @@
+"""Pinned campaigns (--layout, presets) and what targets do not support (--unsupported,
+kda_fuzz_unsupported, [tool.kda-fuzz.unsupported])."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kda_fuzz.contracts import get_contract
+from kda_fuzz.contracts.pins import PinError, parse_layout, restrictions
+from kda_fuzz.runner import plan
+
+ROOT = Path(__file__).resolve().parents[1]
+KDA = get_contract("kda")
+
+
+def test_parse_layout_and_restrictions():
+    assert parse_layout("H=16,HV=32,K=128,state=bfloat16,B=1|8,lower_bound=none") == {
+        "H": 16, "HV": 32, "K": 128, "state": "bfloat16", "B": [1, 8], "lower_bound": None}
+    r = restrictions(["lower_bound", "state=float16", "indices=int64", "l2norm=False"],
+                     "triton")
+    assert r["lower_bound"] == [None] and r["use_qk_l2norm_in_kernel"] == [True]
+    assert [str(d) for d in r["state_dtype"]] == ["torch.float32", "torch.bfloat16"]
+    assert [str(d) for d in r["idx_dtype"]] == ["torch.int32"]
+    with pytest.raises(PinError):
+        restrictions(["K=3"], "triton")
+    with pytest.raises(PinError):
+        restrictions(["state=float32", "state=bfloat16", "state=float16"], "triton")
+
+
+def test_plan_gives_pinned_layouts_their_share():
+    arms = plan(KDA, "triton", 1000, layouts=[("a", {"H": 2, "HV": 4}), ("b", {"K": 8})],
+                layout_share=0.75)
+    valid = {a.name: a.examples for a in arms if a.stratum == "valid"}
+    assert valid["valid:pin:a"] + valid["valid:pin:b"] == round(500 * 0.75)
+    assert valid["valid"] == 500 - round(500 * 0.75)
+    assert sum(a.examples for a in arms) == 1000
+
+
+def _fuzz(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "kda_fuzz", "fuzz", "--contract", "triton",
+                           "--json", "--no-save", "--seed", "1", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=900)
+
+
+def test_a_bug_at_a_pinned_shape_is_found():
+    r = _fuzz("--target", "tests.hostile_capabilities:wrong_at_served_shape",
+              "--max-examples", "120", "--layout", "H=4,HV=12,K=8,V=8")
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert any("pinned layouts" in n for n in out["notes"]), out["notes"]
+    assert any(f["kind"] == "mismatch" for f in out["failure_details"])
+
+
+def test_unsupported_features_are_not_drawn():
+    common = ("--max-examples", "150", "--valid-share", "1.0")
+    r = _fuzz("--target", "tests.hostile_capabilities:no_lower_bound", *common)
+    assert r.returncode == 1  # flooded without the declaration
+    r = _fuzz("--target", "tests.hostile_capabilities:declared_no_lower_bound", *common)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert any("left out" in n and "lower_bound" in n for n in out["notes"]), out["notes"]
+    r = _fuzz("--target", "tests.hostile_capabilities:no_lower_bound", *common,
+              "--unsupported", "lower_bound")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+
+
+def test_bad_pins_are_usage_errors():
+    r = _fuzz("--target", "tests.hostile_capabilities:no_lower_bound", "--layout", "H=3,HV=4")
+    assert r.returncode == 2 and "multiple" in r.stderr
+    r = _fuzz("--target", "tests.hostile_capabilities:no_lower_bound", "--layout", "served")
+    assert r.returncode == 2 and "preset" in r.stderr
+    r = _fuzz("--target", "tests.hostile_capabilities:no_lower_bound", "--unsupported", "K=3")
+    assert r.returncode == 2
