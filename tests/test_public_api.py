@@ -4,6 +4,7 @@ this package."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -251,3 +252,34 @@ def test_derived_contract_from_the_user_guide(tmp_path):
                         "-p", "no:cacheprovider", "corpus"], cwd=proj, env=env,
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0 and f"{len(files)} passed" in r.stdout, r.stdout[-3000:]
+
+
+def test_pinned_campaign_from_the_user_guide(tmp_path):
+    """The guide's presets and capability table, from a project outside the package."""
+    proj = tmp_path / "user"
+    (proj / "my_project").mkdir(parents=True)
+    (proj / "my_project" / "__init__.py").write_text("")
+    kernel = CORRECT.replace("def decode(", "def _decode(") + '''
+
+def decode(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, ssm_state_indices,
+           use_qk_l2norm_in_kernel=False, lower_bound=None):
+    if lower_bound is not None:
+        raise NotImplementedError("no lower_bound here")
+    return _decode(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out,
+                   ssm_state_indices, use_qk_l2norm_in_kernel, lower_bound)
+'''
+    (proj / "my_project" / "decode.py").write_text(kernel)
+    guide = (ROOT / "docs/user-guide.md").read_text()
+    toml = re.findall(r"```toml\n(.*?)```", guide, re.S)[1]
+    (proj / "pyproject.toml").write_text('[project]\nname = "user"\nversion = "0"\n\n'
+                                         '[tool.kda-fuzz]\n\n' + toml)
+    command = re.findall(r"```bash\n(.*?)```", guide, re.S)[0].replace("\\\n", " ").split()
+    assert command[:2] == ["kda-fuzz", "fuzz"]
+    env = {**os.environ, "PYTHONPATH": str(proj)}
+    r = subprocess.run([sys.executable, "-m", "kda_fuzz", *command[1:], "--json",
+                        "--no-save", "--seed", "2", "--max-examples", "120"], cwd=proj,
+                       env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    notes = json.loads(r.stdout.strip().splitlines()[-1])["notes"]
+    assert any("pinned layouts" in n and "small" in n and "gqa" in n for n in notes), notes
+    assert any("left out" in n and "lower_bound" in n for n in notes), notes
