@@ -234,12 +234,18 @@ def _contract(args: argparse.Namespace) -> Any:
     return contract
 
 
-def _fuzz(args: argparse.Namespace) -> int:
+def _fuzz(args: argparse.Namespace, signals: Any = None) -> int:
+    """``kda-fuzz fuzz``; SIGINT and SIGTERM handled by ``signals`` (an entered
+    :class:`~kda_fuzz.interrupt.Signals`; ``None``: its own, for the whole command)."""
     from .corpus import replay_command_line
     from .findings import FindingSaver
     from .interrupt import Signals
     from .progress import Progress
     from .runner import CampaignOptions, campaign, share_of
+
+    if signals is None:  # from here on: a signal before the campaign ends the command
+        with Signals() as own:
+            return _fuzz(args, own)
 
     contract = _contract(args)
     args.contract = args.contract or contract.variants[0]
@@ -308,8 +314,8 @@ def _fuzz(args: argparse.Namespace) -> int:
             early.abort()
         raise
     corpus = None if args.no_save else args.corpus or _default_corpus()
-    with Signals() as signals, Progress(share["examples"] if share else args.max_examples,
-                                        enabled=not args.json) as progress:
+    with Progress(share["examples"] if share else args.max_examples,
+                  enabled=not args.json) as progress:
         saver = FindingSaver(
             contract, corpus, seed=options["seed"], device=args.device, timeout=args.timeout,
             shrink_seconds=args.shrink_seconds, messages=args.messages, strict=args.strict,

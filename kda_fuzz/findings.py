@@ -18,6 +18,7 @@ from typing import Any
 
 from .channel import ExitReason, Stop
 from .contract import Contract
+from .corpus import CaseTooLarge, save_failure
 from .isolate import IsolatedTarget
 from .minimize import minimize_with_verdict
 from .oracle import Outcome, run_case
@@ -216,8 +217,6 @@ class FindingSaver:
 
     def _settle(self, f: Failure) -> None:
         """Save ``f`` (marked when it was to be minimized but was not) and announce it."""
-        from .corpus import CaseTooLarge, save_failure
-
         cut = f.original is None and self.stopped is not None and _wants_minimizing(f)
         if cut:
             assert self.stopped is not None

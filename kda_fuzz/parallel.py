@@ -20,8 +20,11 @@ restart replaces; a queue shared by all jobs would stay locked) and watches the 
 Jobs are forks of a fork server that has imported torch and the engine and run nothing
 (``process.worker_context``; never forks of a process with a running torch thread pool
 or CUDA context, which deadlock or fail). On ``cuda``, job j uses GPU ``j mod n`` with
-its share of that GPU's memory. Distinct failures are minimized at the end, each in an
-isolated worker.
+its share of that GPU's memory. Each new distinct failure is handed on as it arrives
+(``on_found``: the command minimizes and saves it while the campaign goes on, see
+:mod:`kda_fuzz.findings`). Jobs ignore SIGINT and SIGTERM: the supervisor stops them
+(``interrupt``, a deadline). Messages on the pipes are the dataclasses of
+:mod:`kda_fuzz.channel`.
 """
 
 from __future__ import annotations
