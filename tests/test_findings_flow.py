@@ -3,6 +3,7 @@ SIGINT/SIGTERM, within --max-seconds; and the typed channel between supervisor a
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -15,10 +16,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from kda_fuzz.channel import ExitReason, JobFound, JobProgress, JobRepeat, Stop
 from kda_fuzz.parallel import JobError, Supervisor
-from kda_fuzz.runner import CampaignOptions, Failure
+from kda_fuzz.progress import Progress
+from kda_fuzz.runner import CampaignOptions, Failure, Report
 
 ROOT = Path(__file__).resolve().parents[1]
 SAVED = re.compile(r"kda-fuzz: failure (\d+) saved: (\S+\.json):")
@@ -207,3 +210,45 @@ def test_stop_reasons_are_typed() -> None:
     s = Stop(ExitReason.MAX_FAILURES, "20 distinct failures (--max-failures)")
     assert s.noteworthy and str(s) == "20 distinct failures (--max-failures)"
     assert str(Stop(ExitReason.DEADLINE)) == "deadline"
+
+
+# ---------------------------------------------------------------------- the display
+
+
+def _report(failures: list[Failure]) -> Report:
+    r = Report("kda", "triton", ["t:f"], examples=3, valid_cases=2, broken_cases=1)
+    r.failures = failures
+    return r
+
+
+def test_plain_lines_show_the_failure_count_and_a_line_per_finding(capsys) -> None:
+    p = Progress(100, interval=0.0)
+    assert p.plain  # pytest's stderr is no terminal
+    f = _failure()
+    with p:
+        p.found(f)
+        p.update(_report([f]))
+        f.saved = "corpus/found/mismatch-0.json"
+        p.saved(f)
+    err = capsys.readouterr().err
+    assert "kda-fuzz: failure 1 confirmed: mismatch/out-value on t:f" in err
+    assert "kda-fuzz: failure 1 saved: corpus/found/mismatch-0.json: mismatch/out-value" in err
+    assert "3/100 examples" in err and "failures 1" in err
+
+
+def test_the_live_bar_shows_the_failure_count_and_prints_each_finding() -> None:
+    p = Progress(100)
+    p.console = Console(file=io.StringIO(), force_terminal=True, width=200)
+    p.plain = False
+    f = _failure()
+    with p:
+        p.update(_report([]))
+        assert "failures 0" in p._bar.tasks[0].fields["stats"]  # type: ignore[union-attr]
+        p.found(f)
+        p.update(_report([f]))
+        assert "failures 1" in p._bar.tasks[0].fields["stats"]  # type: ignore[union-attr]
+        f.note = "not minimized: minimization cut short: interrupted by SIGINT"
+        p.saved(f)
+    shown = p.console.file.getvalue()  # type: ignore[attr-defined]
+    assert "failure 1 confirmed: mismatch/out-value on t:f" in shown
+    assert "failure 1 not saved: mismatch/out-value on t:f (not minimized" in shown
