@@ -314,49 +314,55 @@ def _fuzz(args: argparse.Namespace, signals: Any = None) -> int:
             early.abort()
         raise
     corpus = None if args.no_save else args.corpus or _default_corpus()
-    with Progress(share["examples"] if share else args.max_examples,
-                  enabled=not args.json) as progress:
-        saver = FindingSaver(
-            contract, corpus, seed=options["seed"], device=args.device, timeout=args.timeout,
-            shrink_seconds=args.shrink_seconds, messages=args.messages, strict=args.strict,
-            workers=min(jobs, 4), deadline=deadline,
-            skip=frozenset(f.signature for f in replay.failures) if replay else frozenset(),
-            on_found=progress.found, on_saved=progress.saved,
-            reproduce=lambda f: replay_command_line(f.target, f.saved, variant=args.contract,
-                                                    device=args.device, timeout=args.timeout))
-        if jobs == 1 and args.no_isolate:
-            by_name = {t.name: t for t in [*targets, *peers]}
-            with signals.stopping(saver.request):
-                report = campaign(
-                    contract, args.contract, targets, on_example=progress.update, peers=peers,
-                    stop=lambda: signals.received is not None,
-                    on_failure=lambda f, new: saver.found_inline(f, by_name.get(f.target))
-                    if new else None, **options)
-                new = _merge_replayed(report, replay)
-        else:
-            sup = early or _supervisor(args, ([t.name for t in targets],
-                                              [p.name for p in peers]), jobs, options)
-            sup.on_example, sup.on_found = progress.update, saver.found
-            sup.hard_deadline = None if deadline is None else deadline - min(
-                1.0, 0.02 * args.max_seconds)
+    # from here on a first signal is remembered (the phases below act on it): the command
+    # wraps up, saves and summarizes, then exits 128 + the signal
+    with signals.stopping(lambda stop: None):
+        with Progress(share["examples"] if share else args.max_examples,
+                      enabled=not args.json) as progress:
+            saver = FindingSaver(
+                contract, corpus, seed=options["seed"], device=args.device, timeout=args.timeout,
+                shrink_seconds=args.shrink_seconds, messages=args.messages, strict=args.strict,
+                workers=min(jobs, 4), deadline=deadline,
+                skip=frozenset(f.signature for f in replay.failures) if replay else frozenset(),
+                on_found=progress.found, on_saved=progress.saved,
+                reproduce=lambda f: replay_command_line(f.target, f.saved, variant=args.contract,
+                                                        device=args.device, timeout=args.timeout))
+            if jobs == 1 and args.no_isolate:
+                by_name = {t.name: t for t in [*targets, *peers]}
+                with signals.stopping(saver.request):
+                    if signals.stop is not None:  # one came in since the campaign phase began
+                        saver.request(signals.stop)
+                    report = campaign(
+                        contract, args.contract, targets, on_example=progress.update, peers=peers,
+                        stop=lambda: signals.received is not None,
+                        on_failure=lambda f, new: saver.found_inline(f, by_name.get(f.target))
+                        if new else None, **options)
+                    new = _merge_replayed(report, replay)
+            else:
+                sup = early or _supervisor(args, ([t.name for t in targets],
+                                                  [p.name for p in peers]), jobs, options)
+                sup.on_example, sup.on_found = progress.update, saver.found
+                sup.hard_deadline = None if deadline is None else deadline - min(
+                    1.0, 0.02 * args.max_seconds)
 
-            def on_signal(stop: Any) -> None:
-                sup.interrupt(stop)
-                saver.request(stop)
+                def on_signal(stop: Any) -> None:
+                    sup.interrupt(stop)
+                    saver.request(stop)
 
-            with signals.stopping(on_signal):
-                report = sup.run()
-                new = _merge_replayed(report, replay)
-                saver.finish()
+                with signals.stopping(on_signal):
+                    if signals.stop is not None:  # one came in since the campaign phase began
+                        on_signal(signals.stop)
+                    report = sup.run()
+                    new = _merge_replayed(report, replay)
+                    saver.finish()
         if signals.received is None and deadline is not None and (
                 saver.stopped is not None or time.monotonic() >= options["deadline"]):
             report.extra["stopped"] = "deadline"
             if saver.stopped is not None:
                 report.notes.append(f"--max-seconds {args.max_seconds:g}: the deadline cut "
                                     "minimization short")
-        with signals.stopping(saver.request):  # a first signal from here on: wrap up
-            return _wrap_up(args, contract, report, new, report_notes, corpus, saver, share,
-                            shard, db, replay, signals)
+        return _wrap_up(args, contract, report, new, report_notes, corpus, saver, share,
+                        shard, db, replay, signals)
 
 
 def _calibrated(args: argparse.Namespace, contract: Any, targets: list[Any], peers: list[Any],

@@ -5,6 +5,7 @@ ends the command at once with ``Interrupted``."""
 from __future__ import annotations
 
 import signal
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
@@ -47,6 +48,8 @@ class Signals:
         self._old: dict[int, Any] = {}
 
     def __enter__(self) -> Signals:
+        if threading.current_thread() is not threading.main_thread():
+            return self  # handlers can be set in the main thread only: signals as before
         for sig in SIGNALS:
             self._old[sig] = signal.signal(sig, self._handle)
         return self

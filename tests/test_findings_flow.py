@@ -19,6 +19,7 @@ import pytest
 from rich.console import Console
 
 from kda_fuzz.channel import ExitReason, JobFound, JobProgress, JobRepeat, Stop
+from kda_fuzz.interrupt import Interrupted, Signals
 from kda_fuzz.parallel import JobError, Supervisor
 from kda_fuzz.progress import Progress
 from kda_fuzz.runner import CampaignOptions, Failure, Report
@@ -252,3 +253,23 @@ def test_the_live_bar_shows_the_failure_count_and_prints_each_finding() -> None:
     shown = p.console.file.getvalue()  # type: ignore[attr-defined]
     assert "failure 1 confirmed: mismatch/out-value on t:f" in shown
     assert "failure 1 not saved: mismatch/out-value on t:f (not minimized" in shown
+
+
+def test_a_first_signal_asks_the_phase_to_stop_a_second_ends_the_command() -> None:
+    got: list[Stop] = []
+    before = signal.getsignal(signal.SIGTERM)
+    with Signals() as s:
+        with s.stopping(got.append):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.1)  # the handler runs between bytecodes of this thread
+            assert [g.reason for g in got] == [ExitReason.TERMINATED]
+            assert s.stop is not None and "SIGTERM" in str(s.stop)
+            with pytest.raises(Interrupted) as e:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(1.0)
+            assert e.value.exit_code == 130
+    assert signal.getsignal(signal.SIGTERM) is before  # handlers restored
+    with Signals(), pytest.raises(Interrupted) as e:  # outside a stopping phase: at once
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(1.0)
+    assert e.value.exit_code == 143
