@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import re
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,8 @@ from .oracle import EnvironmentFailure
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 DEFAULT_CORPUS = os.path.join("corpus", "found")  # collected by the pytest plugin
+STARTED = time.monotonic()  # the command's start: --max-seconds counts from here
+WRAP_UP_SECONDS = 3.0  # at most: the campaign stops drawing this long before --max-seconds
 
 
 class UsageError(Exception):
@@ -47,8 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="examples in the campaign (default 300)")
     f.add_argument("--seed", type=int, default=None, help="seed for a reproducible campaign")
     f.add_argument("--corpus", default=None, metavar="DIR",
-                   help="save each minimized failing case into DIR, where pytest replays "
-                        "it (default: FOLDER/found for the first corpus folder of the "
+                   help="save each minimized failing case into DIR as soon as it is "
+                        "confirmed (also on SIGINT/SIGTERM, which end the campaign with a "
+                        "partial summary, exit 130/143), where pytest replays it "
+                        "(default: FOLDER/found for the first corpus folder of the "
                         "project's [tool.kda-fuzz] table, else corpus/found, relative to "
                         "the current directory)")
     f.add_argument("--report", default=None, metavar="DIR",
@@ -98,7 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop after N distinct failures (default 20); repeats of a known "
                         "failure are counted, not kept")
     f.add_argument("--max-seconds", type=float, default=None,
-                   help="stop the campaign after this many seconds (default: none)")
+                   help="the command's wall time (start-up, campaign, minimization and "
+                        "saving share it): it ends within max(5 s, 5 %%) of it, every "
+                        "confirmed failure saved (unminimized, and marked so, where "
+                        "minimization was cut short; default: none)")
     f.add_argument("--messages", choices=("exact", "class"), default="exact",
                    help="exact (default): a broken layout must raise the contract's "
                         "exception with the documented message of the first failing check; "
@@ -239,9 +248,18 @@ def _contract(args: argparse.Namespace) -> Any:
     return contract
 
 
-def _fuzz(args: argparse.Namespace) -> int:
+def _fuzz(args: argparse.Namespace, signals: Any = None) -> int:
+    """``kda-fuzz fuzz``; SIGINT and SIGTERM handled by ``signals`` (an entered
+    :class:`~kda_fuzz.interrupt.Signals`; ``None``: its own, for the whole command)."""
+    from .corpus import replay_command_line
+    from .findings import FindingSaver
+    from .interrupt import Signals
     from .progress import Progress
     from .runner import CampaignOptions, campaign, share_of
+
+    if signals is None:  # from here on: a signal before the campaign ends the command
+        with Signals() as own:
+            return _fuzz(args, own)
 
     contract = _contract(args)
     args.contract = args.contract or contract.variants[0]
@@ -278,6 +296,11 @@ def _fuzz(args: argparse.Namespace) -> int:
         options.update(max_examples=args.max_examples * shard.count,
                        shard=(shard.index, shard.count),
                        seed=DEFAULT_SEED if args.seed is None else args.seed)
+    if options["seed"] is None:  # chosen here: the saved files name it
+        options["seed"] = random.randrange(2**31)
+    deadline = None if args.max_seconds is None else STARTED + args.max_seconds
+    if deadline is not None:  # the jobs stop drawing first, then are stopped, then saving
+        options["deadline"] = deadline - min(WRAP_UP_SECONDS, 0.05 * args.max_seconds)
     early = None
     specs, peer_specs = _target_specs(args, contract)
     if args.device.startswith("cuda") and not (jobs == 1 and args.no_isolate) \
@@ -288,12 +311,81 @@ def _fuzz(args: argparse.Namespace) -> int:
         early.start()
     try:
         targets, peers = _loaded(specs, contract), _loaded(peer_specs, contract)
-    except UsageError:
+        db = _example_db(args, contract, [*targets, *peers])
+        report_notes = [*_pin_notes(options, [*targets, *peers], contract, args.contract),
+                        *_calibrated(args, contract, targets, peers, options)]
+        share = None
+        if shard is not None:
+            share = share_of(contract, args.contract, CampaignOptions(**options), jobs)
+        replay = None
+        if db is not None:
+            from .exampledb import replay_stored
+
+            replay = replay_stored(db[0], db[1], db[2], contract, args.contract,
+                                   [*targets, *peers], device=args.device,
+                                   isolate=not args.no_isolate, timeout=args.timeout,
+                                   messages=args.messages, strict=args.strict)
+    except BaseException:  # a usage error, an interrupt: the jobs started go too
         if early is not None:
             early.abort()
         raise
-    db = _example_db(args, contract, [*targets, *peers])
-    report_notes = _pin_notes(options, [*targets, *peers], contract, args.contract)
+    corpus = None if args.no_save else args.corpus or _default_corpus()
+    # from here on a first signal is remembered (the phases below act on it): the command
+    # wraps up, saves and summarizes, then exits 128 + the signal
+    with signals.stopping(lambda stop: None):
+        with Progress(share["examples"] if share else args.max_examples,
+                      enabled=not args.json) as progress:
+            saver = FindingSaver(
+                contract, corpus, seed=options["seed"], device=args.device, timeout=args.timeout,
+                shrink_seconds=args.shrink_seconds, messages=args.messages, strict=args.strict,
+                workers=min(jobs, 4), deadline=deadline,
+                skip=frozenset(f.signature for f in replay.failures) if replay else frozenset(),
+                on_found=progress.found, on_saved=progress.saved,
+                reproduce=lambda f: replay_command_line(f.target, f.saved, variant=args.contract,
+                                                        device=args.device, timeout=args.timeout))
+            if jobs == 1 and args.no_isolate:
+                by_name = {t.name: t for t in [*targets, *peers]}
+                with signals.stopping(saver.request):
+                    if signals.stop is not None:  # one came in since the campaign phase began
+                        saver.request(signals.stop)
+                    report = campaign(
+                        contract, args.contract, targets, on_example=progress.update, peers=peers,
+                        stop=lambda: signals.received is not None,
+                        on_failure=lambda f, new: saver.found_inline(f, by_name.get(f.target))
+                        if new else None, **options)
+                    new = _merge_replayed(report, replay)
+            else:
+                sup = early or _supervisor(args, ([t.name for t in targets],
+                                                  [p.name for p in peers]), jobs, options)
+                sup.on_example, sup.on_found = progress.update, saver.found
+                sup.hard_deadline = None if deadline is None else deadline - min(
+                    1.0, 0.02 * args.max_seconds)
+
+                def on_signal(stop: Any) -> None:
+                    sup.interrupt(stop)
+                    saver.request(stop)
+
+                with signals.stopping(on_signal):
+                    if signals.stop is not None:  # one came in since the campaign phase began
+                        on_signal(signals.stop)
+                    report = sup.run()
+                    new = _merge_replayed(report, replay)
+                    saver.finish()
+        if signals.received is None and deadline is not None and (
+                saver.stopped is not None or time.monotonic() >= options["deadline"]):
+            report.extra["stopped"] = "deadline"
+            if saver.stopped is not None:
+                report.notes.append(f"--max-seconds {args.max_seconds:g}: the deadline cut "
+                                    "minimization short")
+        return _wrap_up(args, contract, report, new, report_notes, corpus, saver, share,
+                        shard, db, replay, signals)
+
+
+def _calibrated(args: argparse.Namespace, contract: Any, targets: list[Any], peers: list[Any],
+                options: dict[str, Any]) -> list[str]:
+    """Measure foreign targets on cpu and size the campaign's layouts to them (updating
+    ``options``); the notes it adds to the summary."""
+    notes = []
     if not args.device.startswith("cuda") and not (args.budget or args.max_b) \
             and not _own_kernels(targets, contract, args.contract):
         from .calibrate import apply, calibrate
@@ -302,50 +394,30 @@ def _fuzz(args: argparse.Namespace) -> int:
             sizing = calibrate(contract, args.contract, t.name, timeout=args.timeout)
             if sizing is not None:
                 apply(sizing, options)
-                report_notes.append(f"{t.name}: {sizing.note()}")
+                notes.append(f"{t.name}: {sizing.note()}")
                 print(f"kda-fuzz: {t.name}: {sizing.note()}", file=sys.stderr)
-    share = None
-    if shard is not None:
-        share = share_of(contract, args.contract, CampaignOptions(**options), jobs)
-    replay = None
-    if db is not None:
-        from .exampledb import replay_stored
+    return notes
 
-        replay = replay_stored(db[0], db[1], db[2], contract, args.contract, [*targets, *peers],
-                               device=args.device, isolate=not args.no_isolate,
-                               timeout=args.timeout, messages=args.messages, strict=args.strict)
-    with Progress(share["examples"] if share else args.max_examples,
-                  enabled=not args.json) as progress:
-        if jobs == 1 and args.no_isolate:
-            minimize = _minimizer(contract, args.shrink_seconds)
-            if replay is not None:  # stored minimized: not again
-                from .exampledb import skip_replayed
 
-                minimize = skip_replayed(minimize, replay.failures)
-            report = campaign(contract, args.contract, targets, on_example=progress.update,
-                              minimize=minimize, peers=peers, **options)
-            new = _merge_replayed(report, replay)
-        else:
-            from .parallel import minimize_failures
-
-            sup = early or _supervisor(args, ([t.name for t in targets],
-                                              [p.name for p in peers]), jobs, options)
-            sup.on_example = progress.update
-            report = sup.run()
-            new = _merge_replayed(report, replay)
-            minimize_failures(contract, new, device=args.device,
-                              timeout=args.timeout, shrink_seconds=args.shrink_seconds,
-                              workers=min(jobs, 4), messages=args.messages, strict=args.strict)
+def _wrap_up(args: argparse.Namespace, contract: Any, report: Any, new: list[Any],
+             report_notes: list[str], corpus: str | None, saver: Any, share: Any, shard: Any,
+             db: Any, replay: Any, signals: Any) -> int:
+    """Save what is not saved yet, the example database, the report and the summary; the
+    exit code."""
     report.notes[:0] = report_notes
+    stop = signals.stop
+    if stop is not None:
+        report.notes.insert(0, f"{stop}: the campaign stopped drawing; these are partial "
+                               "results, every confirmed failure saved")
+        report.extra["stopped"] = stop.reason.value
     if report.judged:
         report.notes.append(
             f"scale stratum: {report.judged.get('full', 0)} case(s) judged on every live row, "
             f"{report.judged.get('sampled', 0)} on a sample of rows (first and last, the one "
             "naming slot num_slots-1, those around 65,535/65,536 in B and B*HV order, the "
             "rest at random); every untouched cell checked bit-exactly" + _scale_figures(report))
-    corpus = None if args.no_save else args.corpus or _default_corpus()
     if corpus and report.failures:
-        _save(report, contract, corpus, args)
+        _save(report, contract, corpus, args, done=saver.settled)
     if share is not None:
         from .shard import note
 
@@ -364,6 +436,8 @@ def _fuzz(args: argparse.Namespace) -> int:
         path = write_report(report, args.report)
         print(f"kda-fuzz: report written to {path}", file=sys.stderr)
     _print_report(report, args.json)
+    if signals.received is not None:
+        return 128 + signals.received
     return EXIT_FAILURE if report.failures else EXIT_OK
 
 
@@ -474,13 +548,20 @@ def _default_corpus() -> str:
     return DEFAULT_CORPUS
 
 
-def _save(report: Any, contract: Any, corpus: str, args: argparse.Namespace) -> None:
-    """Save each distinct failure; one too large for a corpus file is described instead.
-    Outside a project that opted in, say how pytest would replay the files."""
+def _save(report: Any, contract: Any, corpus: str, args: argparse.Namespace,
+          done: Sequence[Any] = ()) -> None:
+    """Save each distinct failure not in ``done`` (saved as found); one too large for a
+    corpus file is described instead. Outside a project that opted in, say how pytest
+    would replay the files."""
     from .config import config_snippet
     from .corpus import CaseTooLarge, replay_command_line, save_failure
 
+    settled = {id(f) for f in done}
     for f in report.failures:
+        if id(f) in settled:
+            if f.saved:
+                report.saved.append(f.saved)
+            continue
         try:
             f.saved = str(save_failure(f, corpus, contract=contract, seed=report.seed))
             f.reproduce = replay_command_line(f.target, f.saved, variant=report.variant,
@@ -622,9 +703,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         traceback.print_exc()
         print(f"kda-fuzz: internal error: {type(e).__name__}: {e}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:  # a second signal, or one before the campaign began
         print("kda-fuzz: interrupted", file=sys.stderr)
-        return 130
+        return int(getattr(e, "exit_code", 130))
 
 
 if __name__ == "__main__":

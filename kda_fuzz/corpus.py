@@ -464,19 +464,23 @@ def save_case(case: Case, verdict: Verdict | None, directory: str | os.PathLike[
 
 
 def save_failure(failure: Any, directory: str | os.PathLike[str], *, contract: Contract,
-                 seed: int | None) -> Path:
-    """Save a campaign's ``runner.Failure`` (its minimized case) with its origin."""
+                 seed: int | None, unminimized: str = "") -> Path:
+    """Save a campaign's ``runner.Failure`` (its minimized case) with its origin.
+    ``unminimized``: why the case is saved as found (recorded in the origin and the
+    description)."""
     case, verdict = failure.case, failure.verdict
     if case.contract != contract.name:
         raise ValueError(f"failure is for contract {case.contract!r}, not {contract.name!r}")
     date = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
     sizes = contract.sizes(case) if contract.sizes is not None else {}
     layout = ", ".join(f"{k}={v}" for k, v in sizes.items())
-    description = f"{verdict.kind}/{verdict.what} on {failure.target}" + (
+    description = ("[not minimized] " if unminimized else "") + (
+        f"{verdict.kind}/{verdict.what} on {failure.target}") + (
         f" ({layout})" if layout else "")
     return save_case(case, verdict, directory, description=description,
                      origin={"target": failure.target, "seed": seed, "date": date,
-                             "tool": "kda-fuzz fuzz"})
+                             "tool": "kda-fuzz fuzz",
+                             **({"unminimized": unminimized} if unminimized else {})})
 
 
 # ------------------------------------------------------------------ decoding

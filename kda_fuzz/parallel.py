@@ -20,8 +20,11 @@ restart replaces; a queue shared by all jobs would stay locked) and watches the 
 Jobs are forks of a fork server that has imported torch and the engine and run nothing
 (``process.worker_context``; never forks of a process with a running torch thread pool
 or CUDA context, which deadlock or fail). On ``cuda``, job j uses GPU ``j mod n`` with
-its share of that GPU's memory. Distinct failures are minimized at the end, each in an
-isolated worker.
+its share of that GPU's memory. Each new distinct failure is handed on as it arrives
+(``on_found``: the command minimizes and saves it while the campaign goes on, see
+:mod:`kda_fuzz.findings`). Jobs ignore SIGINT and SIGTERM: the supervisor stops them
+(``interrupt``, a deadline). Messages on the pipes are the dataclasses of
+:mod:`kda_fuzz.channel`.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 import os
 import pickle
 import random
+import signal
 import time
 import traceback
 from collections.abc import Callable
@@ -38,6 +42,19 @@ from dataclasses import dataclass, field, replace
 from multiprocessing import connection
 from typing import Any, NoReturn
 
+from .channel import (
+    ExitReason,
+    JobDone,
+    JobEnvironment,
+    JobFailed,
+    JobFault,
+    JobFound,
+    JobMessage,
+    JobProgress,
+    JobRepeat,
+    Snapshot,
+    Stop,
+)
 from .contracts import get_contract
 from .isolate import IsolatedTarget
 from .minimize import minimize_with_verdict
@@ -61,6 +78,7 @@ JOBS_PER_GPU = 4  # xdist workers sharing one GPU
 CAMPAIGN_JOBS_PER_GPU = 8  # ``--jobs auto``: campaign jobs sharing one GPU (H200 figures)
 PROGRESS_EVERY = 0.25  # seconds between a job's progress messages
 STALL_SECONDS = 600.0  # a job silent this long outside a target call is stuck (ours)
+STOP_GRACE = 3.0  # seconds a job may take to end its example after an interrupt
 
 # Flight record fields (one shared array of doubles per job).
 STATE, ROUND, ARM, EXAMPLE, TARGET, SINCE = range(6)
@@ -188,6 +206,10 @@ def _run_job(job: Job, conn: Any, stop: Any, record: Any) -> None:
     """Job process body: one campaign, its progress, failures and end sent on ``conn``
     (from this thread only, so a target's crash never interrupts a message)."""
     exit_with_parent()
+    # Ctrl-C and SIGTERM reach the whole process group: the supervisor alone decides (it
+    # stops the jobs through ``stop``), so that a signal is never a job's death
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     put = conn.send
     try:
         import torch
@@ -220,10 +242,10 @@ def _run_job(job: Job, conn: Any, stop: Any, record: Any) -> None:
             where = (c._pos[0], c._pos[1], c._pos[2] - 1)  # this example, not yet counted
             # Plain pickle: torch's reductions would share tensors through handles that
             # die with this process.
-            payload = pickle.dumps(f) if new else f.signature
-            put(("failure" if new else "repeat", job.index, payload, snapshot(where)))
+            put(JobFound(job.index, pickle.dumps(f), snapshot(where)) if new
+                else JobRepeat(job.index, f.signature, snapshot(where)))
 
-        rec = _SharedRecorder(record, lambda pos: put(("progress", job.index, snapshot(pos))),
+        rec = _SharedRecorder(record, lambda pos: put(JobProgress(job.index, snapshot(pos))),
                               device, flight=job.isolate)
         c = Campaign(contract, job.variant, targets, peers=peers, options=options,
                      on_failure=on_failure, stop=stop.is_set, recorder=rec,
@@ -233,17 +255,17 @@ def _run_job(job: Job, conn: Any, stop: Any, record: Any) -> None:
             c.report.startup_seconds += max(0.0, time.monotonic() - job.launched)
             rep = c.run()
         except _DeviceFault as e:
-            put(("fault", job.index, str(e)))
+            put(JobFault(job.index, str(e)))
             conn.close()
             os._exit(70)
         summaries = {"seconds": rep.seconds, "stopped": c.stopped, "notes": rep.notes,
                      "targets": {t.name: t.fn.summary() for t in targets
                                  if hasattr(t.fn, "summary")}}
-        put(("done", job.index, snapshot((1 << 62, 0, 0)), summaries))
+        put(JobDone(job.index, snapshot((1 << 62, 0, 0)), summaries))
     except EnvironmentFailure as e:
-        put(("environment", job.index, str(e)))
+        put(JobEnvironment(job.index, str(e)))
     except BaseException:  # reported by the supervisor as the fuzzer's own failure
-        put(("error", job.index, traceback.format_exc()))
+        put(JobFailed(job.index, traceback.format_exc()))
 
 
 @dataclass
@@ -252,7 +274,7 @@ class _JobState:
     proc: Any
     record: Any
     conn: Any
-    snapshot: tuple[Position, dict[str, Any]] | None = None
+    snapshot: Snapshot | None = None
     fault: str = ""
     restarts: int = 0
     done: bool = False
@@ -268,13 +290,20 @@ class Supervisor:
                  timeout: float = 60.0,
                  wrap: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None,
                  on_example: Callable[[Report], None] | None = None,
-                 isolate: bool = True) -> None:
+                 isolate: bool = True,
+                 on_found: Callable[[Failure], None] | None = None,
+                 hard_deadline: float | None = None) -> None:
         if jobs < 1:
             raise ValueError(f"jobs must be at least 1, got {jobs}")
         self.contract, self.variant, self.targets = contract, variant, list(targets)
         self.peers = list(peers or [])
         self.jobs, self.timeout, self.wrap, self.on_example = jobs, timeout, wrap, on_example
         self.isolate = isolate
+        self.on_found = on_found  # told of each new distinct failure as it arrives
+        self.hard_deadline = hard_deadline  # time.monotonic() by which every job has ended
+        self._kept: dict[tuple[Any, ...], Failure] = {}  # signature as found -> failure
+        self.interrupted: Stop | None = None  # set by ``interrupt`` (a signal handler)
+        self.stopped: Stop | None = None  # why the campaign ended early, if it did
         if options.seed is None:
             options.seed = random.randrange(2**31)
         if options.families:
@@ -331,13 +360,32 @@ class Supervisor:
             s.proc.kill()
             s.proc.join(timeout=5)
 
+    def interrupt(self, reason: Stop) -> None:
+        """Ask the campaign to stop drawing (safe in a signal handler: only a flag is set;
+        the run loop stops the jobs)."""
+        self.interrupted = self.interrupted or reason
+
     def run(self) -> Report:
-        """Run every job to its end; raises ``JobError`` or ``EnvironmentFailure``."""
+        """Run every job to its end; raises ``JobError`` or ``EnvironmentFailure``.
+
+        After ``interrupt``, or past ``options.deadline``, the jobs stop drawing; a job
+        still in an example ``STOP_GRACE`` seconds later (after an interrupt) or at
+        ``hard_deadline`` is killed, its last progress kept."""
         self.start()
         t0 = self._t0
+        cut: float | None = None  # when to kill jobs that have not ended
         try:
             while not all(s.done for s in self.states):
                 self._drain(0.05)
+                if self.interrupted is not None and cut is None:
+                    self.stopped = self.interrupted
+                    self.stop.set()
+                    cut = time.monotonic() + STOP_GRACE
+                hard = self.hard_deadline
+                if (cut is not None and time.monotonic() > cut) or (
+                        hard is not None and time.monotonic() > hard):
+                    self._cut()
+                    break
                 for s in self.states:
                     if not s.done:
                         self._watch(s)
@@ -351,8 +399,9 @@ class Supervisor:
                     s.proc.join(timeout=5)
         said: dict[str, list[int]] = {}  # a job's note -> the jobs that made it
         for s in self.states:
-            if s.summary.get("stopped") and s.summary["stopped"] != "stopped":
-                self.report.notes.append(f"job {s.spec.index}: {s.summary['stopped']}")
+            stopped = s.summary.get("stopped")
+            if stopped is not None and stopped.noteworthy:
+                self.report.notes.append(f"job {s.spec.index}: {stopped}")
             for note in s.summary.get("notes", []):
                 said.setdefault(note, []).append(s.spec.index)
         self.report.notes += [f"job{'s' * (len(j) > 1)} {', '.join(map(str, j))}: {note}"
@@ -365,6 +414,22 @@ class Supervisor:
             self.report.notes.append(f"{self.restarts} job restart(s) after a crash or hang")
         self.report.seconds = time.monotonic() - t0
         return self.report
+
+    def _cut(self) -> None:
+        """Kill the jobs that have not ended (stopping or past the deadline), keeping their
+        last progress: never a verdict on a target."""
+        self.stop.set()
+        for s in self.states:
+            if s.done:
+                continue
+            s.proc.kill()
+            s.proc.join(timeout=5)
+            s.done = True
+            s.summary = {**s.summary, "stopped": Stop(
+                self.stopped.reason if self.stopped else ExitReason.DEADLINE,
+                "stopped in the middle of an example (killed: "
+                + ("interrupted" if self.stopped else "the --max-seconds deadline") + ")")}
+        self._drain(0.0)
 
     def summaries(self) -> list[dict[str, Any]]:
         """Per job: its campaign's seconds, why it stopped, its wrapped targets' summaries."""
@@ -397,37 +462,47 @@ class Supervisor:
         merged.failures = self.report.failures
         return merged
 
-    def _handle(self, msg: tuple[Any, ...]) -> None:
-        kind, index = msg[0], msg[1]
-        s = self.states[index]
+    def _handle(self, msg: JobMessage) -> None:
+        s = self.states[msg.job]
         s.last_message = time.monotonic()
-        snap = msg[3] if kind in ("failure", "repeat") else msg[2] if kind in (
-            "progress", "done") else None
-        if snap is not None:
-            self.report.history.extend({**rec, "job": index} for rec in snap[1].pop("history", ()))
-        if kind == "progress":
-            s.snapshot = msg[2]
-        elif kind == "failure":
-            f: Failure = pickle.loads(msg[2])
-            s.snapshot = msg[3]
-            self._add(f)
-        elif kind == "repeat":
-            s.snapshot = msg[3]
-            for f in self.report.failures:
-                if f.signature == msg[2]:
-                    f.count += 1
-        elif kind == "fault":
-            s.fault = msg[2]
-        elif kind == "done":
-            s.snapshot, s.summary, s.done = msg[2], msg[3], True
-        elif kind == "environment":
-            raise EnvironmentFailure(msg[2])
-        elif kind == "error":
-            raise JobError(f"campaign job {index} failed:\n{msg[2]}")
+        match msg:
+            case JobProgress(snapshot=snap):
+                s.snapshot = self._history(msg.job, snap)
+            case JobFound(failure=payload, snapshot=snap):
+                s.snapshot = self._history(msg.job, snap)
+                self._add(pickle.loads(payload))
+            case JobRepeat(signature=sig, snapshot=snap):
+                s.snapshot = self._history(msg.job, snap)
+                kept = self._kept.get(sig)
+                if kept is not None:
+                    kept.count += 1
+            case JobFault(detail=detail):
+                s.fault = detail
+            case JobDone(snapshot=snap, summary=summary):
+                s.snapshot, s.summary, s.done = self._history(msg.job, snap), summary, True
+            case JobEnvironment(detail=detail):
+                raise EnvironmentFailure(detail)
+            case JobFailed(traceback=tb):
+                raise JobError(f"campaign job {msg.job} failed:\n{tb}")
+            case _:
+                raise JobError(f"campaign job {msg.job} sent an unknown message: {msg!r}")
+
+    def _history(self, job: int, snap: Snapshot) -> Snapshot:
+        """``snap``, its history records moved into the report's (tagged with the job)."""
+        self.report.history.extend({**rec, "job": job} for rec in snap[1].pop("history", ()))
+        return snap
 
     def _add(self, failure: Failure) -> None:
-        kept = self.report.add_failure(failure)
-        if kept is failure and len(self.report.failures) >= self.options.max_failures:
+        sig = failure.signature  # as found: minimizing it later must not change its key
+        kept = self._kept.get(sig)
+        if kept is not None:
+            kept.count += failure.count
+            return
+        self._kept[sig] = failure
+        self.report.failures.append(failure)
+        if self.on_found is not None:
+            self.on_found(failure)
+        if len(self.report.failures) >= self.options.max_failures:
             self.stop.set()
 
     # ------------------------------------------------------------------ watching
@@ -479,11 +554,12 @@ class Supervisor:
         names = [*self.targets, *self.peers]
         verdict = Verdict(kind, what, detail)  # type: ignore[arg-type]
         sig = (names[target], *verdict.signature(self.variant))
-        seen = sum(f.count for f in self.report.failures if f.signature == sig)
+        seen = self._kept[sig].count if sig in self._kept else 0
         if seen > HARD_REPEATS:
             s.done = True
-            s.summary = {"stopped": f"{names[target]}: {kind} {what} {seen + 1} times; each "
-                                    "more costs a restart, so this job stopped"}
+            s.summary = {"stopped": Stop(ExitReason.HARD_REPEATS,
+                                         f"{names[target]}: {kind} {what} {seen + 1} times; "
+                                         "each more costs a restart, so this job stopped")}
             return
         resume = s.snapshot if s.snapshot is not None and s.snapshot[0] <= pos else None
         start = resume[0] if resume is not None else (0, 0, 0)
@@ -491,7 +567,7 @@ class Supervisor:
         hard[pos] = (target, verdict)
         s.restarts += 1
         self.restarts += 1
-        seen = frozenset(f.signature for f in self.report.failures)
+        seen = frozenset(self._kept)
         spec = Job(**{**s.spec.__dict__, "resume": resume, "hard": hard, "seen": seen})
         self._start(spec, s)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from typing import Any
 
@@ -20,7 +21,9 @@ STATUS_INTERVAL = 5.0  # seconds between plain status lines off a terminal
 
 class Progress:
     """Progress of a campaign's examples on stderr: a bar on a terminal; off one (CI logs,
-    pipes), a plain one-line status every ``interval`` seconds and one at the end."""
+    pipes), a plain one-line status every ``interval`` seconds and one at the end. Each
+    new finding gets a line when it is confirmed and one when it is saved (``found``,
+    ``saved``; also with the display disabled: stderr only)."""
 
     def __init__(self, total: int, enabled: bool = True,
                  interval: float = STATUS_INTERVAL) -> None:
@@ -34,6 +37,8 @@ class Progress:
         self._t0 = time.monotonic()
         self._next = self._t0 + interval
         self._last: Any = None
+        self._lock = threading.Lock()  # findings are announced from minimizing threads
+        self._numbers: dict[int, int] = {}  # id(failure) -> its number in this campaign
 
     def __enter__(self) -> Progress:
         self._t0 = time.monotonic()
@@ -51,8 +56,10 @@ class Progress:
     def update(self, report: Any) -> None:
         self._last = report
         if self._bar is not None:
+            failures = len(getattr(report, "failures", ()))
             stats = (f"valid {report.valid_cases} · broken {report.broken_cases} · "
-                     f"checks {len(report.checks_hit)}")
+                     f"checks {len(report.checks_hit)} · "
+                     + (f"[bold red]failures {failures}[/]" if failures else "failures 0"))
             self._bar.update(self._task, completed=report.examples, stats=stats)
         elif self.plain and time.monotonic() >= self._next:
             self._next = time.monotonic() + self.interval
@@ -66,6 +73,31 @@ class Progress:
                 f"{report.valid_cases} / broken {report.broken_cases}"
                 + (f", failures {len(failures)}" if failures is not None else "")
                 + f", {report.examples / max(elapsed, 1e-9):.1f}/s, {elapsed:.0f} s")
+
+    def found(self, failure: Any) -> None:
+        """``kda-fuzz: failure 2 confirmed: mismatch/out-value on T (minimizing)``."""
+        with self._lock:
+            n = self._numbers.setdefault(id(failure), len(self._numbers) + 1)
+        self._line(f"kda-fuzz: failure {n} confirmed: {failure.verdict.kind}/"
+                   f"{failure.verdict.what} on {failure.target} (minimizing, then saving)")
+
+    def saved(self, failure: Any) -> None:
+        """``kda-fuzz: failure 2 saved: PATH`` (with its note: not minimized, not saved)."""
+        with self._lock:
+            n = self._numbers.setdefault(id(failure), len(self._numbers) + 1)
+        what = f"{failure.verdict.kind}/{failure.verdict.what} on {failure.target}"
+        note = f" ({failure.note})" if getattr(failure, "note", "") else ""
+        if failure.saved:
+            self._line(f"kda-fuzz: failure {n} saved: {failure.saved}: {what}{note}")
+        else:
+            self._line(f"kda-fuzz: failure {n} not saved: {what}{note}")
+
+    def _line(self, text: str) -> None:
+        with self._lock:
+            if self._bar is not None:  # printed above the live bar
+                self.console.print(escape(text), highlight=False, soft_wrap=True)
+            else:
+                print(text, file=sys.stderr, flush=True)
 
     def _status(self) -> None:
         print(self.status_line(self._last), file=sys.stderr, flush=True)

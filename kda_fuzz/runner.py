@@ -15,6 +15,7 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
 from .case import Case, fingerprint
+from .channel import ExitReason, Stop
 from .contract import Contract
 from .oracle import Messages, Outcome, expectation, run_case, run_peers
 from .shard import NOMINAL_SCALE_BUDGET, Shard, describe, shard_arms
@@ -481,7 +482,7 @@ class Campaign:
         self._stratum = "valid"  # the stratum of the arm being run (see _run_arm)
         self.known: dict[tuple[Any, ...], Failure] = {}
         self.seen = seen  # failures kept elsewhere (by the supervisor): repeats here
-        self.stopped = ""
+        self.stopped: Stop | None = None  # why it stopped early (None: not yet, or never)
         self._pos: list[int] = [0, 0, 0]
         self._share: tuple[int, int] = (0, 1)
         self._largest: int | None = None  # the whole plan's largest arm, when sharded
@@ -596,7 +597,7 @@ class Campaign:
             self._failed(case.on("cpu"), verdict, self.targets[index], confirmed=True)
             return
         if self.stop is not None and self.stop():
-            self.stopped = self.stopped or "stopped"
+            self.stopped = self.stopped or Stop(ExitReason.STOP_REQUESTED)
             raise _Stopped
         if self._deadline is not None and time.monotonic() > self._deadline:
             raise _Stopped
@@ -625,7 +626,8 @@ class Campaign:
         if self.options.history:
             self._remember(first, compiling)
         if len(self.report.failures) >= self.options.max_failures:
-            self.stopped = f"{len(self.report.failures)} distinct failures (--max-failures)"
+            self.stopped = Stop(ExitReason.MAX_FAILURES,
+                                f"{len(self.report.failures)} distinct failures (--max-failures)")
             raise _Stopped
 
     def _judge(self, pos: Position, index: int, case: Case, target: Target,
@@ -671,8 +673,9 @@ class Campaign:
             if verdict.kind in HARD_KINDS:
                 self._hard_repeats[known.signature] += 1
                 if self._hard_repeats[known.signature] >= HARD_REPEATS:
-                    self.stopped = (f"{target.name} {verdict.kind}ed {HARD_REPEATS + 1} times "
-                                    "the same way; each more costs a restart")
+                    self.stopped = Stop(ExitReason.HARD_REPEATS,
+                                        f"{target.name} {verdict.kind}ed {HARD_REPEATS + 1} "
+                                        "times the same way; each more costs a restart")
                     raise _Stopped
             return
         if any(t.device.type == "cuda" for t in failure.case.tensors.values()):
@@ -762,14 +765,17 @@ def campaign(contract: Contract, variant: str, targets: list[Target], *,
              minimize: Minimizer | None = None,
              peers: list[Target] | None = None,
              on_example: Callable[[Report], None] | None = None,
-             stop: Callable[[], bool] | None = None, **options: Any) -> Report:
+             stop: Callable[[], bool] | None = None,
+             on_failure: Callable[[Failure, bool], None] | None = None,
+             **options: Any) -> Report:
     """Run a campaign in this process (targets called directly) and minimize each distinct
     failure with ``minimize``; ``options`` are :class:`CampaignOptions` fields. Stops at
-    the first distinct failure unless ``max_failures`` says otherwise."""
+    the first distinct failure unless ``max_failures`` says otherwise. ``on_failure(f,
+    new)`` is told of each confirmed failure as it is found (``new``: a distinct one)."""
     c = Campaign(contract, variant, targets, peers=peers, options=CampaignOptions(**options),
-                 on_example=on_example, stop=stop)
+                 on_example=on_example, stop=stop, on_failure=on_failure)
     report = c.run()
-    if c.stopped and c.stopped != "stopped":
+    if c.stopped is not None and c.stopped.noteworthy:
         report.notes.append(f"stopped: {c.stopped}")
     if minimize is not None:
         by_name = {t.name: t for t in c.targets}

@@ -14,7 +14,7 @@ PKG = Path(__file__).resolve().parents[1] / "kda_fuzz"
 LAZY_OK = {"cli", "plugin", "__init__"}  # __init__: the public API on first use
 # The core: no module of it names a family's arguments or sizes.
 CORE = ("runner", "oracle", "minimize", "corpus", "isolate", "parallel", "plugin", "cli",
-        "targets", "shrink", "calibrate")
+        "targets", "shrink", "calibrate", "channel", "findings", "interrupt")
 FAMILY_NAMES = re.compile(r"\b(mixed_qkv|initial_state|ssm_state_indices|lower_bound|"
                           r"kda_decode|kda_layouts|kda_scale|_execution)\b")
 

@@ -1,0 +1,108 @@
+"""The typed channel between a supervisor and its campaign jobs, and why a campaign stopped.
+
+Each job sends one of the ``Job*`` messages below on its own pipe (pickled); the
+supervisor handles them with ``match``. A snapshot is ``(position, counters)``: the
+position of the next example to run and the job's ``Report.counters()`` there.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+Snapshot = tuple[tuple[int, int, int], dict[str, Any]]
+
+
+class ExitReason(enum.Enum):
+    """Why a campaign (or one job of it) stopped drawing examples."""
+
+    COMPLETED = "completed"  # its examples ran out
+    STOP_REQUESTED = "stopped"  # its supervisor asked it to stop
+    MAX_FAILURES = "max-failures"  # --max-failures distinct failures kept
+    HARD_REPEATS = "hard-repeats"  # the same crash or hang too many times
+    DEADLINE = "deadline"  # --max-seconds
+    INTERRUPTED = "interrupted"  # SIGINT
+    TERMINATED = "terminated"  # SIGTERM
+
+
+@dataclass(frozen=True)
+class Stop:
+    """A stop reason and what to tell the user about it (empty: the reason says it all)."""
+
+    reason: ExitReason
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return self.detail or self.reason.value
+
+    @property
+    def noteworthy(self) -> bool:
+        """Whether the summary should mention it (not a stop the supervisor asked for)."""
+        return self.reason not in (ExitReason.COMPLETED, ExitReason.STOP_REQUESTED)
+
+
+@dataclass(frozen=True)
+class JobProgress:
+    """Examples done so far."""
+
+    job: int
+    snapshot: Snapshot
+
+
+@dataclass(frozen=True)
+class JobFound:
+    """A new distinct, confirmed failure (``failure``: a plainly pickled ``Failure``)."""
+
+    job: int
+    failure: bytes
+    snapshot: Snapshot
+
+
+@dataclass(frozen=True)
+class JobRepeat:
+    """One more example of a failure already kept (by its signature)."""
+
+    job: int
+    signature: tuple[Any, ...]
+    snapshot: Snapshot
+
+
+@dataclass(frozen=True)
+class JobFault:
+    """The device faulted in a target call; the job dies right after sending it."""
+
+    job: int
+    detail: str
+
+
+@dataclass(frozen=True)
+class JobDone:
+    """The job's campaign ended: its last counts and summary (``seconds``, ``stopped``: a
+    :class:`Stop` or ``None``, ``notes``, ``targets``: wrapped targets' summaries)."""
+
+    job: int
+    snapshot: Snapshot
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class JobEnvironment:
+    """The machinery that runs targets failed (an ``EnvironmentFailure``)."""
+
+    job: int
+    detail: str
+
+
+@dataclass(frozen=True)
+class JobFailed:
+    """The job failed outside the targets (the fuzzer's own failure): its traceback."""
+
+    job: int
+    traceback: str
+
+
+JobMessage = JobProgress | JobFound | JobRepeat | JobFault | JobDone | JobEnvironment | JobFailed
+
+__all__ = ["ExitReason", "JobDone", "JobEnvironment", "JobFailed", "JobFault", "JobFound",
+           "JobMessage", "JobProgress", "JobRepeat", "Snapshot", "Stop"]
