@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from .case import Case, fingerprint
 from .contract import Contract
+from .interleave import cycle_of, in_turn_order, schedule
 from .oracle import Messages, Outcome, expectation, run_case, run_peers
 from .shard import NOMINAL_SCALE_BUDGET, Shard, describe, shard_arms
 from .targets import Target, TargetError, check_signature, default_targets, load_target
@@ -249,7 +250,9 @@ def plan(contract: Contract, variant: str, max_examples: int, *, device: str = "
          max_bhv: int | None = None, parts: int = 1, scale_share: float = 0.0,
          scale_budget: int | None = None) -> list[Arm]:
     """Split a campaign's examples: every broken stratum (each breakage, each adjacent pair
-    of checks) gets its share, then a random mix of breakages, then valid layouts.
+    of checks) gets its share, then a random mix of breakages, then valid layouts. The
+    arms run interleaved, each from the first round on in proportion to its examples
+    (:mod:`kda_fuzz.interleave`), so the list's order is not the order examples run in.
 
     With ``families`` (and a contract that defines them) the valid examples are spent
     family by family, so a shape-specialising kernel compiles a few times per family.
@@ -327,13 +330,13 @@ def _split(n: int, parts: int) -> list[int]:
 
 
 
-
-CHUNK = 25  # examples of the largest arm per round when a deadline cycles through them
 # a time-bounded campaign gives the scale stratum at most this share of a job's time (or
 # its share of examples, if larger): its cases cost tens of the others' (a compile per
 # shape for a shape-specialising kernel)
 SCALE_TIME_SHARE = 0.1
 
+
+_LEAD = st.integers(0, 255)  # each example's first draw (see Campaign._body)
 
 # A position in a campaign: (round, arm within the job, example within the arm's run).
 # Positions grow in the order examples run, and a campaign run again from the same plan
@@ -451,6 +454,7 @@ class Campaign:
         self.stopped = ""
         self._pos: list[int] = [0, 0, 0]
         self._share: tuple[int, int] = (0, 1)
+        self._strategy: st.SearchStrategy[Case] = st.nothing()
         self._largest: int | None = None  # the whole plan's largest arm, when sharded
         self._t0 = time.monotonic()
         self._durations: deque[float] = deque(maxlen=50)
@@ -462,10 +466,12 @@ class Campaign:
         """This job's share of the campaign's plan."""
         o = self.options
         arms = campaign_plan(self.contract, self.variant, o)
-        if o.shard[1] > 1:
-            self._largest = max((a.examples for a in arms), default=1)
-            return shard_arms(arms, o.shard, job=o.job, seed=o.seed or 0)
-        return deal(arms, *o.job)
+        # the whole plan's largest arm sets the rounds (kda_fuzz.interleave): every job and
+        # shard runs its arms the way the single campaign would
+        self._largest = max((a.examples for a in arms), default=1)
+        mine = (shard_arms(arms, o.shard, job=o.job, seed=o.seed or 0) if o.shard[1] > 1
+                else deal(arms, *o.job))
+        return in_turn_order(mine)
 
     def run(self) -> Report:
         """Run the campaign (from ``resume`` on); raises what halted it (an internal
@@ -487,25 +493,22 @@ class Campaign:
         return self.report
 
     def _run_rounds(self, arms: list[Arm], largest: int, deadline: float | None) -> None:
+        """Run the arms interleaved (:func:`kda_fuzz.interleave.schedule`): in every round
+        each arm its share of the plan's ``largest`` arm's CHUNK; one cycle of rounds, or
+        cycles until the ``deadline``."""
+        cycle = cycle_of(largest)
         try:
-            rounds = 0
-            while True:
-                for ai, arm in enumerate(arms):
-                    if (rounds, ai, 1 << 62) < self.resume_at:
-                        continue  # done before the resume point
-                    if deadline is not None and time.monotonic() > deadline:
-                        raise _Stopped
-                    if deadline is not None and self._over_time_share(arm, arms):
-                        continue  # its stratum has had its share of the time for now
-                    # with a deadline each round gives every arm its share of CHUNK, so a
-                    # time-bounded campaign keeps the plan's proportions
-                    n = arm.examples if deadline is None else min(
-                        arm.examples, max(1, round(CHUNK * arm.examples / largest)))
-                    self._pos = [rounds, ai, 0]
-                    self._run_arm(arm, n, rounds)
-                if deadline is None:
-                    break
-                rounds += 1
+            for rounds, ai, n in schedule([a.examples for a in arms], cycle,
+                                          repeat=deadline is not None):
+                arm = arms[ai]
+                if (rounds, ai, 1 << 62) < self.resume_at:
+                    continue  # done before the resume point
+                if deadline is not None and time.monotonic() > deadline:
+                    raise _Stopped
+                if deadline is not None and self._over_time_share(arm, arms):
+                    continue  # its stratum has had its share of the time for now
+                self._pos = [rounds, ai, 0]
+                self._run_arm(arm, n, rounds)
         except _Stopped:
             pass
         except _Halt as h:
@@ -522,14 +525,15 @@ class Campaign:
     def _run_arm(self, arm: Arm, n: int, rounds: int) -> None:
         self._share = arm.share
         self._stratum = arm.stratum
+        self._strategy = arm.strategy
         # every Hypothesis run starts with the arm's simplest case: after the first round
-        # it is drawn and skipped (see _body), so an arm of one example per round does not
-        # run that case again and again
+        # it is skipped before its case is drawn (see _body), so an arm of one example per
+        # round does not run that case again and again
         test = settings(
             max_examples=n + (rounds > 0), database=None, deadline=None,
             phases=(Phase.generate,),
             suppress_health_check=list(HealthCheck), print_blob=False,
-        )(given(arm.strategy)(self._body))
+        )(given(st.data())(self._body))
         seed = self.options.seed or 0
         t = time.monotonic()
         try:
@@ -537,11 +541,15 @@ class Campaign:
         finally:
             self.report.stratum_seconds[arm.stratum] += time.monotonic() - t
 
-    def _body(self, case: Case) -> None:
+    def _body(self, data: st.DataObject) -> None:
         pos: Position = (self._pos[0], self._pos[1], self._pos[2])
         self._pos[2] += 1
+        # one cheap draw first: an example that draws nothing would end the run (Hypothesis
+        # takes its choices as exhausted)
+        data.draw(_LEAD)
         if pos[0] and not pos[2]:
-            return  # a later round's first draw: the simplest case, run in the first round
+            return  # a later round's first example: the simplest case, run in the first round
+        case = data.draw(self._strategy)
         if pos[2] % self._share[1] != self._share[0]:
             return  # another shard's example (drawn all the same: the draws stay aligned)
         if pos < self.resume_at:
