@@ -410,7 +410,7 @@ class Supervisor:
         elif kind == "failure":
             f: Failure = pickle.loads(msg[2])
             s.snapshot = msg[3]
-            self._add(f)
+            self._add(f, index)
         elif kind == "repeat":
             s.snapshot = msg[3]
             for f in self.report.failures:
@@ -425,7 +425,11 @@ class Supervisor:
         elif kind == "error":
             raise JobError(f"campaign job {index} failed:\n{msg[2]}")
 
-    def _add(self, failure: Failure) -> None:
+    def _add(self, failure: Failure, job: int | None = None) -> None:
+        if job is not None and failure.found_example is not None:
+            # the job numbered its own examples: add those the other jobs had run by then
+            failure.found_example += sum(s.snapshot[1]["examples"] for s in self.states
+                                         if s.spec.index != job and s.snapshot is not None)
         kept = self.report.add_failure(failure)
         if kept is failure and len(self.report.failures) >= self.options.max_failures:
             self.stop.set()

@@ -41,6 +41,10 @@ class Failure:
     count: int = 1
     note: str = ""
     reproduce: str = ""  # the command that replays the saved file as the campaign ran it
+    # time to this finding: seconds from the campaign's start, and the example (counted from
+    # 1, over all jobs) that first showed it; None for a failure not found by this campaign
+    found_seconds: float | None = None
+    found_example: int | None = None
 
     @property
     def signature(self) -> tuple[Any, ...]:
@@ -159,9 +163,22 @@ class Report:
         for f in self.failures:
             if f.signature == failure.signature:
                 f.count += failure.count
+                if failure.found_seconds is not None and (
+                        f.found_seconds is None or failure.found_seconds < f.found_seconds):
+                    f.found_seconds, f.found_example = failure.found_seconds, \
+                        failure.found_example  # another job saw it first
                 return f
         self.failures.append(failure)
         return failure
+
+    def first_finding(self) -> dict[str, Any] | None:
+        """``{"seconds", "example"}`` of the earliest distinct failure this campaign found
+        (None without one)."""
+        found = [f for f in self.failures if f.found_seconds is not None]
+        if not found:
+            return None
+        f = min(found, key=lambda f: f.found_seconds or 0.0)
+        return {"seconds": round(f.found_seconds or 0.0, 3), "example": f.found_example}
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -181,9 +198,13 @@ class Report:
                 {"target": f.target, **f.verdict.to_json(), "count": f.count,
                  "layout": f.case.describe(), "saved": f.saved,
                  **({"reproduce": f.reproduce} if f.reproduce else {}),
-                 **({"note": f.note} if f.note else {})}
+                 **({"note": f.note} if f.note else {}),
+                 "found_seconds": (None if f.found_seconds is None
+                                   else round(f.found_seconds, 3)),
+                 "found_example": f.found_example}
                 for f in self.failures
             ],
+            "first_finding": self.first_finding(),
             "seconds": round(self.seconds, 3),
             # summed over jobs (a campaign of 8 jobs has 8 seconds of them per second)
             "stratum_seconds": {k: round(v, 3) for k, v in self.stratum_seconds.items()},
@@ -459,6 +480,7 @@ class Campaign:
         self._t0 = time.monotonic()
         self._durations: deque[float] = deque(maxlen=50)
         self._hard_repeats: Counter = Counter()
+        self._nth = 0  # the number of the example being run (from 1)
 
     # ------------------------------------------------------------------ running
 
@@ -563,6 +585,7 @@ class Campaign:
         self.recorder.progress((pos[0], pos[1], pos[2] + 1))
 
     def _example(self, pos: Position, case: Case) -> None:
+        self._nth = self.report.examples + 1  # this example's number in the job
         hard = self.hard.pop(pos, None)
         if hard is not None:  # crashed or hung here before: record it, never run it again
             index, verdict = hard
@@ -634,6 +657,7 @@ class Campaign:
                 pos: Position | None = None, index: int = 0) -> None:
         """Keep a new distinct failure (re-run first: one that does not come back every
         time is ``flaky``) or count a repeat of a known one."""
+        seconds = time.monotonic() - self._t0  # first seen (before any re-run)
         failure = Failure(case, verdict, target.name)
         known = self._known(failure)
         if known is None and not confirmed and self.options.confirm_runs:
@@ -656,6 +680,8 @@ class Campaign:
                   **({"messages": "class"} if self.options.messages == "class" else {})}
         if policy:  # replay judges the saved case the way the campaign did
             failure.case = replace(failure.case, notes={**failure.case.notes, **policy})
+        failure.found_seconds = seconds
+        failure.found_example = self._nth
         self.known[failure.signature] = failure
         self.report.failures.append(failure)
         if self.on_failure is not None:
