@@ -2,16 +2,18 @@
 
 A plan (:func:`kda_fuzz.runner.plan`) is a list of arms of ``n`` examples each. It runs in
 rounds; one *cycle* of :func:`cycle_of` rounds runs every arm's examples once, the largest
-arm about ``CHUNK`` examples a round. In round ``r`` an arm of ``n`` examples runs
-:func:`turn` of them: its ``k``-th example falls in round ``floor(k * cycle / n)``, so each
-arm's examples are spread evenly over the cycle (a smooth weighted round robin), every arm
-runs in the first round, and after any number of rounds each arm has run its share of the
-examples so far, within one example. A campaign without a deadline runs one cycle; with a
-deadline the cycles repeat (new cases: each round of an arm is a Hypothesis run seeded by
-the round) until the time is up.
+arm ``CHUNK`` examples a round. In round ``r`` an arm runs :func:`turn` examples: after
+``r`` rounds it has run its share ``r * n / cycle`` of its examples, rounded up to whole
+turns of ``MIN_TURN`` examples (one at a time for an arm with a time share: the scale
+stratum's cases are costly, and a time-bounded campaign checks its share between turns).
+So every arm runs in the first round, each arm's examples are spread evenly over the cycle
+(a weighted round robin) and the shares at the end of a cycle are the plan's. Every turn is
+a Hypothesis run seeded by the round; a turn of a few examples keeps the cost of a run's
+skipped first example (see ``Campaign._body``) small. A campaign without a deadline runs
+one cycle; with a deadline the cycles repeat (new cases) until the time is up.
 
-The schedule depends on the arms' sizes and the whole plan's largest arm only, so the jobs
-and shards that split a plan run every arm the same way the single campaign would.
+The schedule depends on the arms and the whole plan's largest arm only, so the jobs and
+shards that split a plan run every arm the way the single campaign would.
 """
 
 from __future__ import annotations
@@ -19,12 +21,16 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Protocol, TypeVar
 
-CHUNK = 25  # examples of the plan's largest arm per round
+CHUNK = 4  # examples of the plan's largest arm per round
+MIN_TURN = 4  # examples of an arm's turn (but its last; 1 for an arm with a time share)
 
 
 class _Sized(Protocol):
     @property
     def examples(self) -> int: ...
+
+    @property
+    def time_share(self) -> float | None: ...
 
 
 A = TypeVar("A", bound=_Sized)
@@ -35,25 +41,45 @@ def cycle_of(largest: int) -> int:
     return max(1, -(-largest // CHUNK))
 
 
-def turn(examples: int, cycle: int, rnd: int) -> int:
-    """Examples an arm of ``examples`` runs in round ``rnd`` (of any cycle) of ``cycle``
-    rounds a cycle; one cycle's turns add up to ``examples``."""
+def least_turn(arm: _Sized) -> int:
+    """The examples of ``arm``'s turns (but its last)."""
+    return 1 if arm.time_share is not None else MIN_TURN
+
+
+def turn(examples: int, cycle: int, rnd: int, least: int = 1) -> int:
+    """Examples an arm of ``examples`` with turns of ``least`` runs in round ``rnd`` (of
+    any cycle) of ``cycle`` rounds a cycle; one cycle's turns add up to ``examples``."""
     r = rnd % cycle
-    return _ceil((r + 1) * examples, cycle) - _ceil(r * examples, cycle)
+    return _done(examples, cycle, r + 1, least) - _done(examples, cycle, r, least)
+
+
+def arm_turn(arm: _Sized, cycle: int, rnd: int) -> int:
+    """:func:`turn` of ``arm`` in round ``rnd``."""
+    return turn(arm.examples, cycle, rnd, least_turn(arm))
+
+
+def _done(n: int, cycle: int, r: int, least: int) -> int:
+    """Examples run after ``r`` rounds: the share, rounded up to whole turns."""
+    if r >= cycle:
+        return n
+    return min(n, _ceil(_ceil(r * n, cycle), least) * least)
 
 
 def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def schedule(sizes: Sequence[int], cycle: int, *, repeat: bool = False
+def schedule(arms: Sequence[_Sized], cycle: int, *, repeat: bool = False
              ) -> Iterator[tuple[int, int, int]]:
-    """``(round, arm, examples)`` in the order a plan of arms of ``sizes`` runs: one cycle,
-    or cycle after cycle with ``repeat``; an arm without examples in a round is left out."""
+    """``(round, arm, examples)`` in the order ``arms`` run: one cycle, or cycle after
+    cycle with ``repeat``; an arm without examples in a round is left out (nothing at all
+    for a plan without examples)."""
+    if not any(a.examples for a in arms):
+        return
     rnd = 0
     while repeat or rnd < cycle:
-        for i, n in enumerate(sizes):
-            k = turn(n, cycle, rnd)
+        for i, a in enumerate(arms):
+            k = arm_turn(a, cycle, rnd)
             if k:
                 yield rnd, i, k
         rnd += 1

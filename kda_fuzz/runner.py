@@ -476,7 +476,7 @@ class Campaign:
         self._pos: list[int] = [0, 0, 0]
         self._share: tuple[int, int] = (0, 1)
         self._strategy: st.SearchStrategy[Case] = st.nothing()
-        self._largest: int | None = None  # the whole plan's largest arm, when sharded
+        self._largest: int | None = None  # the whole plan's largest arm (see arms)
         self._t0 = time.monotonic()
         self._durations: deque[float] = deque(maxlen=50)
         self._hard_repeats: Counter = Counter()
@@ -516,12 +516,11 @@ class Campaign:
 
     def _run_rounds(self, arms: list[Arm], largest: int, deadline: float | None) -> None:
         """Run the arms interleaved (:func:`kda_fuzz.interleave.schedule`): in every round
-        each arm its share of the plan's ``largest`` arm's CHUNK; one cycle of rounds, or
-        cycles until the ``deadline``."""
+        each arm its share, the plan's ``largest`` arm CHUNK examples; one cycle of rounds,
+        or cycles until the ``deadline``."""
         cycle = cycle_of(largest)
         try:
-            for rounds, ai, n in schedule([a.examples for a in arms], cycle,
-                                          repeat=deadline is not None):
+            for rounds, ai, n in schedule(arms, cycle, repeat=deadline is not None):
                 arm = arms[ai]
                 if (rounds, ai, 1 << 62) < self.resume_at:
                     continue  # done before the resume point

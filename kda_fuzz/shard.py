@@ -29,7 +29,7 @@ import random
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from .interleave import turn
+from .interleave import arm_turn, cycle_of
 
 if TYPE_CHECKING:  # arms are only passed through and replaced here
     from .runner import Arm
@@ -105,10 +105,12 @@ def shard_arms(arms: list[Arm], shard: tuple[int, int], *, job: tuple[int, int] 
     return deal_kept(assign(arms, count, seed)[index], *job)
 
 
-def examples_of(arm: Arm) -> int:
-    """Examples of ``arm`` run where it is (its share of the run, for a slice)."""
-    r, k = arm.share
-    return len(range(r, arm.examples, k))
+def examples_of(arm: Arm, cycle: int = 1) -> int:
+    """Examples of ``arm`` run where it is (its share of the runs, for a slice) in one cycle
+    of a plan of ``cycle`` rounds a cycle."""
+    if arm.share[1] == 1:
+        return arm.examples
+    return len(positions(arm, cycle))
 
 
 def positions(arm: Arm, cycle: int = 1, rounds: int | None = None
@@ -119,7 +121,7 @@ def positions(arm: Arm, cycle: int = 1, rounds: int | None = None
     first, the simplest case)."""
     r, k = arm.share
     return {(rd, arm.index, e) for rd in range(cycle if rounds is None else rounds)
-            for e in range(r, turn(arm.examples, cycle, rd) + (rd > 0), k) if rd == 0 or e}
+            for e in range(r, arm_turn(arm, cycle, rd) + (rd > 0), k) if rd == 0 or e}
 
 
 def plan_digest(arms: list[Arm]) -> str:
@@ -132,10 +134,11 @@ def plan_digest(arms: list[Arm]) -> str:
 def describe(arms: list[Arm], shard: Shard, seed: int) -> dict[str, Any]:
     """A shard's share of the plan ``arms``, for the summary (text and JSON)."""
     mine = assign(arms, shard.count, seed)[shard.index]
+    cycle = cycle_of(max((a.examples for a in arms), default=1))
     return {
         "index": shard.index + 1,
         "count": shard.count,
-        "examples": sum(examples_of(a) for a in mine),
+        "examples": sum(examples_of(a, cycle) for a in mine),
         "plan_examples": sum(a.examples for a in arms),
         "whole_arms": [a.name for a in mine if a.share[1] == 1],
         "shared_arms": [a.name for a in mine if a.share[1] > 1],

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from kda_fuzz.contracts import get_contract
-from kda_fuzz.interleave import CHUNK, cycle_of, in_turn_order, schedule, turn
+from kda_fuzz.interleave import CHUNK, MIN_TURN, cycle_of, in_turn_order, schedule, turn
 from kda_fuzz.progress import print_summary
 from kda_fuzz.runner import (
     Arm,
@@ -43,7 +43,7 @@ def _first_seen(arms: list[Arm], largest: int) -> tuple[dict[str, int], Counter]
     first: dict[str, int] = {}
     ran: Counter = Counter()
     done = 0
-    for _, i, n in schedule([a.examples for a in arms], cycle_of(largest)):
+    for _, i, n in schedule(arms, cycle_of(largest)):
         first.setdefault(arms[i].name, done)
         ran[arms[i].name] += n
         done += n
@@ -75,18 +75,20 @@ def test_every_stratum_runs_within_the_first_percent(device: str, jobs: int) -> 
 
 def test_every_round_keeps_each_arms_share() -> None:
     """After any number of rounds each arm has run its share of the cycle so far, within one
-    example, and every arm runs in the first round."""
-    sizes = [615, 1, 7, 10_025, 50_000, 0, 24, 26]
+    turn, and every arm runs in the first round; an arm with a time share (scale) runs one
+    example a turn."""
+    sizes = [615, 1, 7, 10_025, 50_000, 0, 24, 26, 375]
+    arms = [SimpleNamespace(examples=n, time_share=0.1 if n == 375 else None) for n in sizes]
     cycle = cycle_of(max(sizes))
     assert cycle == -(-50_000 // CHUNK)
     done = [0] * len(sizes)
     rounds = 0
-    for rnd, i, n in schedule(sizes, cycle):
-        assert n >= 1 and n <= CHUNK
+    for rnd, i, n in schedule(arms, cycle):
+        assert 1 <= n <= (1 if i == 8 else MIN_TURN)
         if rnd != rounds:  # a round is over
             rounds = rnd
             for k, size in enumerate(sizes):
-                assert abs(done[k] - size * rnd / cycle) < 1, (k, rnd, done[k])
+                assert abs(done[k] - size * rnd / cycle) < MIN_TURN, (k, rnd, done[k])
         if rnd == 0:
             assert done[i] == 0  # (each arm once a round)
         done[i] += n
@@ -94,11 +96,12 @@ def test_every_round_keeps_each_arms_share() -> None:
     assert all(turn(s, cycle, 0) >= 1 for s in sizes if s)
     # with a deadline the cycles repeat, each the plan's shares again
     again = Counter()
-    for rnd, i, n in schedule(sizes, cycle, repeat=True):
+    for rnd, i, n in schedule(arms, cycle, repeat=True):
         if rnd >= 3 * cycle:
             break
         again[i] += n
     assert [again[i] for i in range(len(sizes))] == [3 * s for s in sizes]
+    assert list(schedule(arms[5:6], 4, repeat=True)) == []  # no examples: no endless rounds
 
 
 class _Drawing(Campaign):
@@ -132,7 +135,7 @@ def test_a_campaign_of_100000_examples_runs_every_arm_in_its_first_percent() -> 
     arms = plan(KDA, "helion", BUDGET, seed=3)
     strata = [name for name, _, _ in _drawing(BUDGET // 100, max_examples=BUDGET, seed=3)]
     assert set(strata) == {a.name for a in arms}
-    assert "valid" in strata[:100]
+    assert "valid" in strata[:10] and strata[MIN_TURN].startswith("broken:")
 
 
 def test_a_whole_campaign_runs_the_plans_examples_of_every_arm() -> None:
