@@ -3,13 +3,14 @@
 A plan (:func:`kda_fuzz.runner.plan`) is a list of arms of ``n`` examples each. It runs in
 rounds; one *cycle* of :func:`cycle_of` rounds runs every arm's examples once, the largest
 arm ``CHUNK`` examples a round. In round ``r`` an arm runs :func:`turn` examples: after
-``r`` rounds it has run its share ``r * n / cycle`` of its examples, rounded up to whole
-turns of ``MIN_TURN`` examples (one at a time for an arm with a time share: the scale
-stratum's cases are costly, and a time-bounded campaign checks its share between turns).
-So every arm runs in the first round, each arm's examples are spread evenly over the cycle
-(a weighted round robin) and the shares at the end of a cycle are the plan's. Every turn is
-a Hypothesis run seeded by the round; a turn of a few examples keeps the cost of a run's
-skipped first example (see ``Campaign._body``) small. A campaign without a deadline runs
+``r`` rounds it has run its share ``r * n / cycle`` of its examples, rounded up to a first
+turn of one example and whole turns of ``MIN_TURN`` after it (one at a time for an arm
+with a time share: the scale stratum's cases are costly, and a time-bounded campaign
+checks its share between turns). So every arm runs in the first round (about as many
+examples as the plan has arms), each arm's examples are spread evenly over the cycle (a
+weighted round robin) and the shares at the end of a cycle are the plan's. Every turn is
+a Hypothesis run seeded by the round; turns of a few examples keep the cost of a later
+run's skipped first example (see ``Campaign._body``) small. A campaign without a deadline runs
 one cycle; with a deadline the cycles repeat (new cases) until the time is up.
 
 The schedule depends on the arms and the whole plan's largest arm only, so the jobs and
@@ -22,7 +23,7 @@ from collections.abc import Iterator, Sequence
 from typing import Protocol, TypeVar
 
 CHUNK = 4  # examples of the plan's largest arm per round
-MIN_TURN = 4  # examples of an arm's turn (but its last; 1 for an arm with a time share)
+MIN_TURN = 4  # examples of an arm's turn (but its first and last; 1 with a time share)
 
 
 class _Sized(Protocol):
@@ -42,7 +43,7 @@ def cycle_of(largest: int) -> int:
 
 
 def least_turn(arm: _Sized) -> int:
-    """The examples of ``arm``'s turns (but its last)."""
+    """The examples of ``arm``'s turns (but its first and last)."""
     return 1 if arm.time_share is not None else MIN_TURN
 
 
@@ -58,11 +59,20 @@ def arm_turn(arm: _Sized, cycle: int, rnd: int) -> int:
     return turn(arm.examples, cycle, rnd, least_turn(arm))
 
 
+def arm_before(arm: _Sized, cycle: int, rnd: int) -> int:
+    """Examples ``arm`` has run in the rounds before round ``rnd`` (of every cycle): the
+    number (from 0) of its first example in that round."""
+    r = rnd % cycle
+    return (rnd // cycle) * arm.examples + _done(arm.examples, cycle, r, least_turn(arm))
+
+
 def _done(n: int, cycle: int, r: int, least: int) -> int:
-    """Examples run after ``r`` rounds: the share, rounded up to whole turns."""
-    if r >= cycle:
-        return n
-    return min(n, _ceil(_ceil(r * n, cycle), least) * least)
+    """Examples run after ``r`` rounds: the share, rounded up to a first turn of one
+    example and whole turns after it."""
+    c = _ceil(r * n, cycle)
+    if r >= cycle or not c:
+        return n if r >= cycle else 0
+    return min(n, 1 + _ceil(c - 1, least) * least)
 
 
 def _ceil(a: int, b: int) -> int:

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from .case import Case, fingerprint
 from .contract import Contract
-from .interleave import cycle_of, in_turn_order, schedule
+from .interleave import arm_before, cycle_of, in_turn_order, schedule
 from .oracle import Messages, Outcome, expectation, run_case, run_peers
 from .shard import NOMINAL_SCALE_BUDGET, Shard, describe, shard_arms
 from .targets import Target, TargetError, check_signature, default_targets, load_target
@@ -476,6 +476,8 @@ class Campaign:
         self._pos: list[int] = [0, 0, 0]
         self._share: tuple[int, int] = (0, 1)
         self._strategy: st.SearchStrategy[Case] = st.nothing()
+        self._cycle = 1  # rounds of a cycle of the plan (see _run_rounds)
+        self._first = 0  # the number (over its turns) of the arm's first example of this turn
         self._largest: int | None = None  # the whole plan's largest arm (see arms)
         self._t0 = time.monotonic()
         self._durations: deque[float] = deque(maxlen=50)
@@ -518,7 +520,7 @@ class Campaign:
         """Run the arms interleaved (:func:`kda_fuzz.interleave.schedule`): in every round
         each arm its share, the plan's ``largest`` arm CHUNK examples; one cycle of rounds,
         or cycles until the ``deadline``."""
-        cycle = cycle_of(largest)
+        cycle = self._cycle = cycle_of(largest)
         try:
             for rounds, ai, n in schedule(arms, cycle, repeat=deadline is not None):
                 arm = arms[ai]
@@ -547,6 +549,7 @@ class Campaign:
         self._share = arm.share
         self._stratum = arm.stratum
         self._strategy = arm.strategy
+        self._first = arm_before(arm, self._cycle, rounds)
         # every Hypothesis run starts with the arm's simplest case: after the first round
         # it is skipped before its case is drawn (see _body), so an arm of one example per
         # round does not run that case again and again
@@ -571,7 +574,7 @@ class Campaign:
         if pos[0] and not pos[2]:
             return  # a later round's first example: the simplest case, run in the first round
         case = data.draw(self._strategy)
-        if pos[2] % self._share[1] != self._share[0]:
+        if (self._first + pos[2] - (pos[0] > 0)) % self._share[1] != self._share[0]:
             return  # another shard's example (drawn all the same: the draws stay aligned)
         if pos < self.resume_at:
             return  # fast-forward: this example ran before the resume point

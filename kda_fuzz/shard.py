@@ -10,9 +10,10 @@ example)`` draws the same case in every process on every machine.
 ``N`` shards of ``M`` examples each run the plan of one campaign of ``N*M`` examples with
 the same seed and options, and split its positions without overlap:
 
-* an arm larger than half a shard's share is shared example by example: example ``e`` of
-  each of its runs belongs to shard ``(e + a.index + seed) mod N``. Every shard draws the
-  whole run (the draws stay aligned) and runs its own examples only;
+* an arm larger than half a shard's share is shared example by example: the arm's example
+  ``e`` (counted from 0 over its turns) belongs to shard ``(e + a.index + seed) mod N``.
+  Every shard draws the whole of each turn (the draws stay aligned) and runs its own
+  examples only;
 * every other arm goes whole to one shard: largest first, each to the least loaded shard,
   arms of one size in an order shuffled by the seed.
 
@@ -29,7 +30,7 @@ import random
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from .interleave import arm_turn, cycle_of
+from .interleave import arm_before, arm_turn
 
 if TYPE_CHECKING:  # arms are only passed through and replaced here
     from .runner import Arm
@@ -105,12 +106,10 @@ def shard_arms(arms: list[Arm], shard: tuple[int, int], *, job: tuple[int, int] 
     return deal_kept(assign(arms, count, seed)[index], *job)
 
 
-def examples_of(arm: Arm, cycle: int = 1) -> int:
-    """Examples of ``arm`` run where it is (its share of the runs, for a slice) in one cycle
-    of a plan of ``cycle`` rounds a cycle."""
-    if arm.share[1] == 1:
-        return arm.examples
-    return len(positions(arm, cycle))
+def examples_of(arm: Arm) -> int:
+    """Examples of ``arm`` run where it is (its share of the run, for a slice)."""
+    r, k = arm.share
+    return len(range(r, arm.examples, k))
 
 
 def positions(arm: Arm, cycle: int = 1, rounds: int | None = None
@@ -121,7 +120,8 @@ def positions(arm: Arm, cycle: int = 1, rounds: int | None = None
     first, the simplest case)."""
     r, k = arm.share
     return {(rd, arm.index, e) for rd in range(cycle if rounds is None else rounds)
-            for e in range(r, arm_turn(arm, cycle, rd) + (rd > 0), k) if rd == 0 or e}
+            for e in range(rd > 0, arm_turn(arm, cycle, rd) + (rd > 0))
+            if (arm_before(arm, cycle, rd) + e - (rd > 0)) % k == r}
 
 
 def plan_digest(arms: list[Arm]) -> str:
@@ -134,11 +134,10 @@ def plan_digest(arms: list[Arm]) -> str:
 def describe(arms: list[Arm], shard: Shard, seed: int) -> dict[str, Any]:
     """A shard's share of the plan ``arms``, for the summary (text and JSON)."""
     mine = assign(arms, shard.count, seed)[shard.index]
-    cycle = cycle_of(max((a.examples for a in arms), default=1))
     return {
         "index": shard.index + 1,
         "count": shard.count,
-        "examples": sum(examples_of(a, cycle) for a in mine),
+        "examples": sum(examples_of(a) for a in mine),
         "plan_examples": sum(a.examples for a in arms),
         "whole_arms": [a.name for a in mine if a.share[1] == 1],
         "shared_arms": [a.name for a in mine if a.share[1] > 1],

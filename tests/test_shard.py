@@ -60,7 +60,7 @@ def test_assign_splits_every_position_of_the_plan_once(shards: int) -> None:
     dealt = assign(arms, shards, seed=5)
     mine = [p for d in dealt for a in d for p in positions(a, cycle)]
     assert len(mine) == len(set(mine)) and set(mine) == set(full)
-    loads = [sum(examples_of(a, cycle) for a in d) for d in dealt]
+    loads = [sum(examples_of(a) for a in d) for d in dealt]
     assert sum(loads) == 100 * shards
     # a whole arm is at most half a shard's share: no shard runs far more than its share
     assert max(loads) - min(loads) <= 50, loads
