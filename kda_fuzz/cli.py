@@ -48,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     f = sub.add_parser("fuzz", help="run a fuzz campaign against a target")
     _common(f)
     f.add_argument("--max-examples", type=int, default=300,
-                   help="examples in the campaign (default 300)")
+                   help="examples in the campaign (default 300); every stratum takes "
+                        "its turns from the start, in proportion to its share")
     f.add_argument("--seed", type=int, default=None, help="seed for a reproducible campaign")
     f.add_argument("--corpus", default=None, metavar="DIR",
                    help="save each minimized failing case into DIR as soon as it is "

@@ -27,7 +27,15 @@ from typing import Any
 
 from .atomic import write_atomic
 from .contracts import get_contract
-from .progress import check_counts, layout_of, reproduce, rows_judged, time_shares
+from .progress import (
+    check_counts,
+    first_finding,
+    found_after,
+    layout_of,
+    reproduce,
+    rows_judged,
+    time_shares,
+)
 
 FILE_NAME = "kda-fuzz-report.html"
 RATIO_FLOOR = 1e-12  # ratios below (exact results) are drawn at the floor
@@ -86,6 +94,7 @@ def _summary(report: Any, history: Sequence[dict[str, Any]] | None) -> str:
         ("rows judged", rows_judged(report) or "none"),
         ("time", time_shares(report) or "not recorded"),
         ("failures", str(len(report.failures))),
+        ("first finding", first_finding(report) or "none"),
         ("saved corpus files", ", ".join(report.saved) or "none"),
         ("history records", str(len(history)) if history else "none"),
     ]
@@ -107,6 +116,8 @@ def _failures(report: Any) -> str:
                  + (f", seen in {seen} examples" if seen > 1 else "") + "</span></h3>",
                  f"<pre>{_e(f.verdict.summary())}</pre>",
                  f"<p><b>Layout</b></p><pre>{_e(layout_of(f.case))}</pre>"]
+        if getattr(f, "found_seconds", None) is not None:
+            items.append(f"<p><b>Found</b>: {_e(found_after(f))} from the start</p>")
         if f.saved:
             items.append(f"<p><b>Saved</b>: <code>{_e(f.saved)}</code></p>")
             items.append("<p><b>Reproduce</b></p><pre>" + _e(reproduce(f, report.variant))

@@ -470,7 +470,7 @@ class Supervisor:
                 s.snapshot = self._history(msg.job, snap)
             case JobFound(failure=payload, snapshot=snap):
                 s.snapshot = self._history(msg.job, snap)
-                self._add(pickle.loads(payload))
+                self._add(pickle.loads(payload), msg.job)
             case JobRepeat(signature=sig, snapshot=snap):
                 s.snapshot = self._history(msg.job, snap)
                 kept = self._kept.get(sig)
@@ -492,11 +492,19 @@ class Supervisor:
         self.report.history.extend({**rec, "job": job} for rec in snap[1].pop("history", ()))
         return snap
 
-    def _add(self, failure: Failure) -> None:
+    def _add(self, failure: Failure, job: int | None = None) -> None:
+        if job is not None and failure.found_example is not None:
+            # the job numbered its own examples: add those the other jobs had run by then
+            failure.found_example += sum(s.snapshot[1]["examples"] for s in self.states
+                                         if s.spec.index != job and s.snapshot is not None)
         sig = failure.signature  # as found: minimizing it later must not change its key
         kept = self._kept.get(sig)
         if kept is not None:
             kept.count += failure.count
+            if failure.found_seconds is not None and (
+                    kept.found_seconds is None or failure.found_seconds < kept.found_seconds):
+                kept.found_seconds, kept.found_example = (failure.found_seconds,
+                                                          failure.found_example)
             return
         self._kept[sig] = failure
         self.report.failures.append(failure)

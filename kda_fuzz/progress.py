@@ -158,6 +158,9 @@ def print_summary(report: Any, file: Any = None) -> None:
     spent = time_shares(report)
     if spent:
         t.add_row("time", spent)
+    first = first_finding(report)
+    if first:
+        t.add_row("first finding", first)
     counts = check_counts(report)
     t.add_row("checks hit", "  ".join(escape(f"{k}:{n}") if n else f"[bold yellow]{escape(k)}:0[/]"
                                       for k, n in counts) or "none")
@@ -191,9 +194,27 @@ def print_summary(report: Any, file: Any = None) -> None:
         console.print(f"  layout: {escape(layout_of(f.case))}")
         if getattr(f, "note", ""):
             console.print(f"  [yellow]{escape(f.note)}[/]")
+        if getattr(f, "found_seconds", None) is not None:
+            console.print(f"  found: {found_after(f)}")
         if f.saved:
             console.print(f"  saved: {escape(f.saved)}")
             console.print(escape(f"  reproduce: {reproduce(f, report.variant)}"))
+
+
+def found_after(failure: Any) -> str:
+    """``12.3 s, example 456``: the time and example from the campaign's start to a
+    failure's first sighting."""
+    at = failure.found_example
+    return f"{failure.found_seconds:.1f} s" + (f", example {at}" if at is not None else "")
+
+
+def first_finding(report: Any) -> str:
+    """:func:`found_after` of the campaign's earliest distinct failure ("" without one)."""
+    found = [f for f in getattr(report, "failures", ())
+             if getattr(f, "found_seconds", None) is not None]
+    if not found:
+        return ""
+    return found_after(min(found, key=lambda f: f.found_seconds))
 
 
 def rows_judged(report: Any) -> str:

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from .case import Case, fingerprint
 from .channel import ExitReason, Stop
 from .contract import Contract
+from .interleave import arm_before, cycle_of, in_turn_order, schedule
 from .oracle import Messages, Outcome, expectation, run_case, run_peers
 from .shard import NOMINAL_SCALE_BUDGET, Shard, describe, shard_arms
 from .targets import Target, TargetError, check_signature, default_targets, load_target
@@ -41,6 +42,10 @@ class Failure:
     count: int = 1
     note: str = ""
     reproduce: str = ""  # the command that replays the saved file as the campaign ran it
+    # time to this finding: seconds from the campaign's start, and the example (counted from
+    # 1, over all jobs) that first showed it; None for a failure not found by this campaign
+    found_seconds: float | None = None
+    found_example: int | None = None
 
     @property
     def signature(self) -> tuple[Any, ...]:
@@ -159,9 +164,22 @@ class Report:
         for f in self.failures:
             if f.signature == failure.signature:
                 f.count += failure.count
+                if failure.found_seconds is not None and (
+                        f.found_seconds is None or failure.found_seconds < f.found_seconds):
+                    f.found_seconds, f.found_example = failure.found_seconds, \
+                        failure.found_example  # another job saw it first
                 return f
         self.failures.append(failure)
         return failure
+
+    def first_finding(self) -> dict[str, Any] | None:
+        """``{"seconds", "example"}`` of the earliest distinct failure this campaign found
+        (None without one)."""
+        found = [f for f in self.failures if f.found_seconds is not None]
+        if not found:
+            return None
+        f = min(found, key=lambda f: f.found_seconds or 0.0)
+        return {"seconds": round(f.found_seconds or 0.0, 3), "example": f.found_example}
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -181,9 +199,13 @@ class Report:
                 {"target": f.target, **f.verdict.to_json(), "count": f.count,
                  "layout": f.case.describe(), "saved": f.saved,
                  **({"reproduce": f.reproduce} if f.reproduce else {}),
-                 **({"note": f.note} if f.note else {})}
+                 **({"note": f.note} if f.note else {}),
+                 "found_seconds": (None if f.found_seconds is None
+                                   else round(f.found_seconds, 3)),
+                 "found_example": f.found_example}
                 for f in self.failures
             ],
+            "first_finding": self.first_finding(),
             "seconds": round(self.seconds, 3),
             # summed over jobs (a campaign of 8 jobs has 8 seconds of them per second)
             "stratum_seconds": {k: round(v, 3) for k, v in self.stratum_seconds.items()},
@@ -252,7 +274,9 @@ def plan(contract: Contract, variant: str, max_examples: int, *, device: str = "
          layouts: Sequence[tuple[str, Mapping[str, Any]]] = (), layout_share: float = 0.75,
          restrict: Mapping[str, Any] | None = None) -> list[Arm]:
     """Split a campaign's examples: every broken stratum (each breakage, each adjacent pair
-    of checks) gets its share, then a random mix of breakages, then valid layouts.
+    of checks) gets its share, then a random mix of breakages, then valid layouts. The
+    arms run interleaved, each from the first round on in proportion to its examples
+    (:mod:`kda_fuzz.interleave`), so the list's order is not the order examples run in.
 
     With ``families`` (and a contract that defines them) the valid examples are spent
     family by family, so a shape-specialising kernel compiles a few times per family.
@@ -349,13 +373,13 @@ def _split(n: int, parts: int) -> list[int]:
 
 
 
-
-CHUNK = 25  # examples of the largest arm per round when a deadline cycles through them
 # a time-bounded campaign gives the scale stratum at most this share of a job's time (or
 # its share of examples, if larger): its cases cost tens of the others' (a compile per
 # shape for a shape-specialising kernel)
 SCALE_TIME_SHARE = 0.1
 
+
+_LEAD = st.integers(0, 255)  # each example's first draw (see Campaign._body)
 
 # A position in a campaign: (round, arm within the job, example within the arm's run).
 # Positions grow in the order examples run, and a campaign run again from the same plan
@@ -485,10 +509,14 @@ class Campaign:
         self.stopped: Stop | None = None  # why it stopped early (None: not yet, or never)
         self._pos: list[int] = [0, 0, 0]
         self._share: tuple[int, int] = (0, 1)
-        self._largest: int | None = None  # the whole plan's largest arm, when sharded
+        self._strategy: st.SearchStrategy[Case] = st.nothing()
+        self._cycle = 1  # rounds of a cycle of the plan (see _run_rounds)
+        self._first = 0  # the number (over its turns) of the arm's first example of this turn
+        self._largest: int | None = None  # the whole plan's largest arm (see arms)
         self._t0 = time.monotonic()
         self._durations: deque[float] = deque(maxlen=50)
         self._hard_repeats: Counter = Counter()
+        self._nth = 0  # the number of the example being run (from 1)
 
     # ------------------------------------------------------------------ running
 
@@ -496,10 +524,12 @@ class Campaign:
         """This job's share of the campaign's plan."""
         o = self.options
         arms = campaign_plan(self.contract, self.variant, o)
-        if o.shard[1] > 1:
-            self._largest = max((a.examples for a in arms), default=1)
-            return shard_arms(arms, o.shard, job=o.job, seed=o.seed or 0)
-        return deal(arms, *o.job)
+        # the whole plan's largest arm sets the rounds (kda_fuzz.interleave): every job and
+        # shard runs its arms the way the single campaign would
+        self._largest = max((a.examples for a in arms), default=1)
+        mine = (shard_arms(arms, o.shard, job=o.job, seed=o.seed or 0) if o.shard[1] > 1
+                else deal(arms, *o.job))
+        return in_turn_order(mine)
 
     def run(self) -> Report:
         """Run the campaign (from ``resume`` on); raises what halted it (an internal
@@ -521,25 +551,21 @@ class Campaign:
         return self.report
 
     def _run_rounds(self, arms: list[Arm], largest: int, deadline: float | None) -> None:
+        """Run the arms interleaved (:func:`kda_fuzz.interleave.schedule`): in every round
+        each arm its share, the plan's ``largest`` arm CHUNK examples; one cycle of rounds,
+        or cycles until the ``deadline``."""
+        cycle = self._cycle = cycle_of(largest)
         try:
-            rounds = 0
-            while True:
-                for ai, arm in enumerate(arms):
-                    if (rounds, ai, 1 << 62) < self.resume_at:
-                        continue  # done before the resume point
-                    if deadline is not None and time.monotonic() > deadline:
-                        raise _Stopped
-                    if deadline is not None and self._over_time_share(arm, arms):
-                        continue  # its stratum has had its share of the time for now
-                    # with a deadline each round gives every arm its share of CHUNK, so a
-                    # time-bounded campaign keeps the plan's proportions
-                    n = arm.examples if deadline is None else min(
-                        arm.examples, max(1, round(CHUNK * arm.examples / largest)))
-                    self._pos = [rounds, ai, 0]
-                    self._run_arm(arm, n, rounds)
-                if deadline is None:
-                    break
-                rounds += 1
+            for rounds, ai, n in schedule(arms, cycle, repeat=deadline is not None):
+                arm = arms[ai]
+                if (rounds, ai, 1 << 62) < self.resume_at:
+                    continue  # done before the resume point
+                if deadline is not None and time.monotonic() > deadline:
+                    raise _Stopped
+                if deadline is not None and self._over_time_share(arm, arms):
+                    continue  # its stratum has had its share of the time for now
+                self._pos = [rounds, ai, 0]
+                self._run_arm(arm, n, rounds)
         except _Stopped:
             pass
         except _Halt as h:
@@ -556,14 +582,16 @@ class Campaign:
     def _run_arm(self, arm: Arm, n: int, rounds: int) -> None:
         self._share = arm.share
         self._stratum = arm.stratum
+        self._strategy = arm.strategy
+        self._first = arm_before(arm, self._cycle, rounds)
         # every Hypothesis run starts with the arm's simplest case: after the first round
-        # it is drawn and skipped (see _body), so an arm of one example per round does not
-        # run that case again and again
+        # it is skipped before its case is drawn (see _body), so an arm of one example per
+        # round does not run that case again and again
         test = settings(
             max_examples=n + (rounds > 0), database=None, deadline=None,
             phases=(Phase.generate,),
             suppress_health_check=list(HealthCheck), print_blob=False,
-        )(given(arm.strategy)(self._body))
+        )(given(st.data())(self._body))
         seed = self.options.seed or 0
         t = time.monotonic()
         try:
@@ -571,12 +599,16 @@ class Campaign:
         finally:
             self.report.stratum_seconds[arm.stratum] += time.monotonic() - t
 
-    def _body(self, case: Case) -> None:
+    def _body(self, data: st.DataObject) -> None:
         pos: Position = (self._pos[0], self._pos[1], self._pos[2])
         self._pos[2] += 1
+        # one cheap draw first: an example that draws nothing would end the run (Hypothesis
+        # takes its choices as exhausted)
+        data.draw(_LEAD)
         if pos[0] and not pos[2]:
-            return  # a later round's first draw: the simplest case, run in the first round
-        if pos[2] % self._share[1] != self._share[0]:
+            return  # a later round's first example: the simplest case, run in the first round
+        case = data.draw(self._strategy)
+        if (self._first + pos[2] - (pos[0] > 0)) % self._share[1] != self._share[0]:
             return  # another shard's example (drawn all the same: the draws stay aligned)
         if pos < self.resume_at:
             return  # fast-forward: this example ran before the resume point
@@ -589,6 +621,7 @@ class Campaign:
         self.recorder.progress((pos[0], pos[1], pos[2] + 1))
 
     def _example(self, pos: Position, case: Case) -> None:
+        self._nth = self.report.examples + 1  # this example's number in the job
         hard = self.hard.pop(pos, None)
         if hard is not None:  # crashed or hung here before: record it, never run it again
             index, verdict = hard
@@ -661,6 +694,7 @@ class Campaign:
                 pos: Position | None = None, index: int = 0) -> None:
         """Keep a new distinct failure (re-run first: one that does not come back every
         time is ``flaky``) or count a repeat of a known one."""
+        seconds = time.monotonic() - self._t0  # first seen (before any re-run)
         failure = Failure(case, verdict, target.name)
         known = self._known(failure)
         if known is None and not confirmed and self.options.confirm_runs:
@@ -684,6 +718,8 @@ class Campaign:
                   **({"messages": "class"} if self.options.messages == "class" else {})}
         if policy:  # replay judges the saved case the way the campaign did
             failure.case = replace(failure.case, notes={**failure.case.notes, **policy})
+        failure.found_seconds = seconds
+        failure.found_example = self._nth
         self.known[failure.signature] = failure
         self.report.failures.append(failure)
         if self.on_failure is not None:

@@ -2,16 +2,18 @@
 
 A campaign's plan (:func:`kda_fuzz.runner.plan`) is a list of arms: the breakage strata,
 the mix, the valid layouts (one arm, or one per job or compile family), the scale
-stratum. Arm ``a`` is a Hypothesis run of ``a.examples`` draws seeded by
-``(seed, a.index, round)``, so a position ``(round, arm, example)`` draws the same case in
-every process on every machine.
+stratum. The arms run interleaved in rounds (:mod:`kda_fuzz.interleave`); arm ``a``'s
+turn in a round is a Hypothesis run seeded by ``(seed, a.index, round)``, its size set
+by ``a.examples`` and the whole plan's largest arm, so a position ``(round, arm,
+example)`` draws the same case in every process on every machine.
 
 ``N`` shards of ``M`` examples each run the plan of one campaign of ``N*M`` examples with
 the same seed and options, and split its positions without overlap:
 
-* an arm larger than half a shard's share is shared example by example: example ``e`` of
-  its run belongs to shard ``(e + a.index + seed) mod N``. Every shard draws the whole run
-  (the draws stay aligned) and runs its own examples only;
+* an arm larger than half a shard's share is shared example by example: the arm's example
+  ``e`` (counted from 0 over its turns) belongs to shard ``(e + a.index + seed) mod N``.
+  Every shard draws the whole of each turn (the draws stay aligned) and runs its own
+  examples only;
 * every other arm goes whole to one shard: largest first, each to the least loaded shard,
   arms of one size in an order shuffled by the seed.
 
@@ -27,6 +29,8 @@ import hashlib
 import random
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
+
+from .interleave import arm_before, arm_turn
 
 if TYPE_CHECKING:  # arms are only passed through and replaced here
     from .runner import Arm
@@ -108,13 +112,16 @@ def examples_of(arm: Arm) -> int:
     return len(range(r, arm.examples, k))
 
 
-def positions(arm: Arm, rounds: int = 1) -> set[tuple[int, int, int]]:
+def positions(arm: Arm, cycle: int = 1, rounds: int | None = None
+              ) -> set[tuple[int, int, int]]:
     """``(round, plan index, example)`` of every example ``arm`` runs in ``rounds`` rounds
-    of its full size (a campaign without a deadline runs round 0 only; a later round draws
-    one example more and skips its first, the simplest case)."""
+    (default: one cycle, a campaign without a deadline) of a plan of ``cycle`` rounds a
+    cycle (:mod:`kda_fuzz.interleave`; a later round draws one example more and skips its
+    first, the simplest case)."""
     r, k = arm.share
-    return {(rd, arm.index, e) for rd in range(rounds)
-            for e in range(r, arm.examples + (rd > 0), k) if rd == 0 or e}
+    return {(rd, arm.index, e) for rd in range(cycle if rounds is None else rounds)
+            for e in range(rd > 0, arm_turn(arm, cycle, rd) + (rd > 0))
+            if (arm_before(arm, cycle, rd) + e - (rd > 0)) % k == r}
 
 
 def plan_digest(arms: list[Arm]) -> str:

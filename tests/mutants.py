@@ -171,3 +171,6 @@ correct_helion = make(set(), "helion")
 # returns changing nothing, which the documented contract allows (a validation gap); the
 # helion variant's check 14 rejects K = 0 and V = 0 first.
 documented_helion = make({"no_harden"}, "helion")
+# A numeric bug in the helion variant, visible on valid layouts only (a padding row of
+# ``out`` keeps what it held); every check right, so the broken strata never show it.
+padding_rows_untouched_helion = make({"padding_rows_untouched"}, "helion")

@@ -170,7 +170,8 @@ def _html_report() -> Report:
     report = _report(rows=52, live_rows=40)
     report.failures.append(Failure(
         _case(), Verdict("mismatch", "out-value", "worst element out[2, 0, 1, 3] <b>"),
-        "mypkg.decode:my_kernel", saved="corpus/found/mismatch-0123.json"))
+        "mypkg.decode:my_kernel", saved="corpus/found/mismatch-0123.json",
+        found_seconds=12.34, found_example=456))
     report.saved.append("corpus/found/mismatch-0123.json")
     report.validation_gaps["missing-k-segment"] = 2
     report.stratum_seconds.update(valid=9.0, broken=3.0)
@@ -193,7 +194,9 @@ def test_html_report_is_one_self_contained_file_with_every_section(tmp_path: Pat
                   "corpus/found/mismatch-0123.json", "B=3 H=1 HV=2 K=4 V=4",
                   "out/float32", "state/bfloat16", "4 compiled", "&lt;b&gt;",
                   "52 of valid cases: 40 live",
-                  "valid 75 %, broken 25 %; start-up 1.5 s summed over jobs"):
+                  "valid 75 %, broken 25 %; start-up 1.5 s summed over jobs",
+                  "<th>first finding</th><td>12.3 s, example 456</td>",
+                  "<b>Found</b>: 12.3 s, example 456 from the start"):
         assert words in text, words
     assert "<b>never hit</b>" in text
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from kda_fuzz.contracts import get_contract
-from kda_fuzz.runner import Campaign, CampaignOptions, Target, fingerprint, plan
+from kda_fuzz.interleave import cycle_of
+from kda_fuzz.runner import Campaign, CampaignOptions, Target, fingerprint, plan, share_of
 from kda_fuzz.shard import Shard, assign, examples_of, parse_shard, positions
 
 KDA = get_contract("kda")
@@ -52,10 +53,12 @@ def test_parse_shard() -> None:
 @pytest.mark.parametrize("shards", [2, 3, 4, 8])
 def test_assign_splits_every_position_of_the_plan_once(shards: int) -> None:
     arms = plan(KDA, "triton", 100 * shards, seed=5)
+    cycle = cycle_of(max(a.examples for a in arms))  # the rounds the plan runs in
+    assert cycle > 1
     full = [p for i, a in enumerate(arms) for p in positions(a.__class__(
-        a.name, a.strategy, a.examples, i))]
+        a.name, a.strategy, a.examples, i), cycle)]
     dealt = assign(arms, shards, seed=5)
-    mine = [p for d in dealt for a in d for p in positions(a)]
+    mine = [p for d in dealt for a in d for p in positions(a, cycle)]
     assert len(mine) == len(set(mine)) and set(mine) == set(full)
     loads = [sum(examples_of(a) for a in d) for d in dealt]
     assert sum(loads) == 100 * shards
@@ -83,6 +86,9 @@ def test_shards_draw_exactly_the_cases_of_one_campaign(shards: int) -> None:
     assert Counter(p for p, _ in union) == Counter(p for p, _ in single)  # no overlap
     assert sorted(union) == sorted(single)  # the same case at every position
     assert all(40 <= len(p) <= 80 for p in parts), [len(p) for p in parts]
+    # each shard's summary counts the examples it runs
+    assert [len(p) for p in parts] == [share_of(KDA, "helion", CampaignOptions(
+        shard=(i, shards), **options), 1)["examples"] for i in range(shards)]  # type: ignore
 
 
 def test_shards_with_jobs_split_the_plan_of_a_campaign_with_those_jobs() -> None:
