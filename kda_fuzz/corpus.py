@@ -464,12 +464,67 @@ def save_case(case: Case, verdict: Verdict | None, directory: str | os.PathLike[
     return write_atomic(Path(directory) / name, text)
 
 
+SEEN_AGAIN = "seen again:"  # how a failure's note starts when the corpus already holds it
+_HEADERS: dict[Path, tuple[tuple[int, int], tuple[Any, ...] | None]] = {}
+
+
+def _file_signature(path: Path) -> tuple[Any, ...] | None:
+    """``(family, recorded target, *Verdict.signature(variant))`` of a corpus file, from
+    its JSON header alone (no tensor is decoded); ``None`` for a file without a verdict
+    or one that cannot be read. Cached per file while its size and mtime stay."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    stamp = (st.st_size, st.st_mtime_ns)
+    hit = _HEADERS.get(path)
+    if hit is not None and hit[0] == stamp:
+        return hit[1]
+    sig: tuple[Any, ...] | None = None
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        raw, contract = doc.get("verdict"), doc.get("contract") or {}
+        target = (doc.get("origin") or {}).get("target")
+        if isinstance(raw, dict) and isinstance(target, str):
+            verdict = Verdict.from_json(_unjson(raw))
+            sig = (contract.get("family"), target,
+                   *verdict.signature(str(contract.get("variant"))))
+    except (OSError, ValueError, TypeError, AttributeError):
+        sig = None
+    _HEADERS[path] = (stamp, sig)
+    return sig
+
+
+def known_failure(failure: Any, directory: str | os.PathLike[str]) -> Path | None:
+    """The file in ``directory`` (walked as :func:`corpus_files` does) that already holds
+    ``failure``'s bug: same contract family, recorded target and
+    :meth:`Verdict.signature` (what the target did) under the same variant."""
+    folder = Path(directory)
+    if not folder.is_dir():
+        return None
+    want = (failure.case.contract, failure.target,
+            *failure.verdict.signature(failure.case.variant))
+    for path in corpus_files([folder]):
+        if _file_signature(path) == want:
+            return path
+    return None
+
+
 def save_failure(failure: Any, directory: str | os.PathLike[str], *, contract: Contract,
-                 seed: int | None) -> Path:
-    """Save a campaign's ``runner.Failure`` (its minimized case) with its origin."""
+                 seed: int | None, dedupe: bool = True) -> Path:
+    """Save a campaign's ``runner.Failure`` (its minimized case) with its origin.
+
+    With ``dedupe``, a bug the corpus folder already holds (:func:`known_failure`) is not
+    saved again: the existing file's path is returned and ``failure.note`` says it was
+    seen again (it starts with :data:`SEEN_AGAIN`)."""
     case, verdict = failure.case, failure.verdict
     if case.contract != contract.name:
         raise ValueError(f"failure is for contract {case.contract!r}, not {contract.name!r}")
+    if dedupe:
+        known = known_failure(failure, directory)
+        if known is not None:
+            failure.note = f"{SEEN_AGAIN} the corpus already holds this bug ({known}); not saved"
+            return known
     date = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
     sizes = contract.sizes(case) if contract.sizes is not None else {}
     layout = ", ".join(f"{k}={v}" for k, v in sizes.items())

@@ -571,8 +571,10 @@ def _diagnose(kwargs: dict[str, Any], before: dict[str, torch.Tensor],
             index, _, words = _place("initial_state", sx["pos"], rows, slots)
             tail = (f"state: {sx['bad']} of {sx['numel']} elements out of tolerance "
                     f"(worst initial_state{index}, {words}: {sx['ratio']:.3g}x the bound)")
+        outputs = ["out", "initial_state"] if sx else ["out"]
         return replace(v, detail=f"{v.detail}; {tail}",
-                       extra={**v.extra, "state_out_of_tolerance": sx["bad"] if sx else 0})
+                       extra={**v.extra, "state_out_of_tolerance": sx["bad"] if sx else 0,
+                              "outputs": outputs})
 
     # state: every cell of the pool outside the named slots bit-identical; those within bound.
     return _untouched(masks) or _compare("initial_state", state[slots], ref["state"],
