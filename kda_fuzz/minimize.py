@@ -44,8 +44,8 @@ from .case import Case, TensorArg, fingerprint
 from .contract import Contract
 from .corpus import encoded_base_size
 from .oracle import Outcome, expectation, run_case
+from .shrink import SENTINEL_OUTSIDE, ShrinkContext
 from .shrink import Move as _Move
-from .shrink import ShrinkContext
 from .shrink import Skip as _Skip
 from .shrink import contiguous_strides as _contiguous_strides
 from .shrink import make as _make
@@ -57,6 +57,7 @@ from .shrink import tail as _tail
 from .verdict import RAISED, Verdict
 
 MAX_STEPS = 4096  # accepted moves at most (the time budget ends it first)
+RESHAPE_RUNS = 4  # what a candidate of new shapes costs, in runs of one of the same shapes
 RAW_WEIGHT = 64  # a byte in memory costs 1/64 of a byte in the file
 SIMPLE_BYTES = 1 << 16  # below this cost, simplifying moves may grow a case
 BULKY_BYTES = 1 << 12  # tensors worth a cheaper dtype
@@ -181,6 +182,15 @@ def _layout_moves(case: Case, costs: _Costs) -> Iterator[_Move]:
         yield _Move("all strides contiguous", lambda: contiguous(strided), dense(strided), True)
     for n in strided:
         yield _Move(f"{n} contiguous", lambda n=n: contiguous([n]), dense([n]), True)
+    for n, a in t.items():  # cells the view never reads: row and slot padding, guards
+        if a.device.type == "meta" or a.base.numel() <= a.view().numel() \
+                or a.base in SENTINEL_OUTSIDE or _overlapping(a.shape, a.stride):
+            continue
+        after = costs.encoded(a) * a.view().numel() / max(1, a.base.numel()) + 64
+        yield _Move(f"{n}: cells outside the view filled",
+                    lambda a=a, n=n: _replace(case, {n: _make(a.view(), a, a.shape, a.stride,
+                                                              a.offset, _tail(a))}),
+                    costs.case(case) - costs.encoded(a) + after, True, same_shape=True)
     guarded = [n for n, a in t.items() if a.offset or _tail(a)]
     if len(guarded) > 1:
         yield _Move("all guard cells removed", lambda: unguarded(guarded), bare(guarded), True)
@@ -285,8 +295,13 @@ def minimize_with_verdict(contract: Contract, case: Case, target_fn: Callable[..
         found += _layout_moves(c, costs)
         if shrinker is not None:
             found += shrinker.values(c, ctx)
-        # biggest savings first; below SIMPLE_BYTES, in the order above (stable sort)
-        return sorted(found, key=lambda m: max(m.size, SIMPLE_BYTES))
+        # biggest savings per candidate run first (a candidate of new shapes compiles a
+        # shape-specialising kernel anew: it costs RESHAPE_RUNS runs); below SIMPLE_BYTES,
+        # in the order above (stable sort)
+        if size <= SIMPLE_BYTES:
+            return sorted(found, key=lambda m: max(m.size, SIMPLE_BYTES))
+        return sorted(found, key=lambda m: -(size - max(m.size, SIMPLE_BYTES))
+                      / (1 if m.same_shape else RESHAPE_RUNS))
 
     # Moves that failed on a layout of the same structure are tried again only after
     # every other move (values and scalars may have changed since): a failure that needs

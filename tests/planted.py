@@ -62,3 +62,22 @@ def wrong_gqa(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out,
     return reference_kda_packed_decode(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state,
                                        out, ssm_state_indices, use_qk_l2norm_in_kernel,
                                        lower_bound)
+
+
+WRAP = 1 << 22  # elements: the CPU-sized stand-in for int32's 2^31
+
+
+def wraps_past_2_22(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out,
+                    ssm_state_indices, use_qk_l2norm_in_kernel=False, lower_bound=None):
+    """The reference step, plus each live row's new state also stored at its slot
+    offset taken modulo ``WRAP`` elements (an offset that wraps): visible only with a
+    live slot past ``WRAP`` elements of the pool, as an int32 offset past 2^31."""
+    result = reference_kda_packed_decode(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state,
+                                         out, ssm_state_indices, use_qk_l2norm_in_kernel,
+                                         lower_bound)
+    S0 = initial_state.stride(0)
+    for i in ssm_state_indices.tolist():
+        if i >= 0 and i * S0 >= WRAP:
+            wrapped = (i * S0 % WRAP) // S0
+            initial_state[wrapped] = initial_state[i]
+    return result

@@ -30,10 +30,12 @@ from typing import Any
 
 import torch
 
-from ..case import Case
+from ..case import Case, TensorArg
 from ..shrink import (
     MAX_POSITIONS,
+    SENTINEL_OUTSIDE,
     SMALL_AXIS,
+    BaseMarks,
     CostModel,
     ShrinkContext,
 )
@@ -486,7 +488,8 @@ def _scalar_moves(case: Case, size: float) -> Iterator[_Move]:
     s = case.scalars
 
     def move(label: str, **scalars: Any) -> _Move:
-        return _Move(label, lambda: _replace(case, scalars=scalars), size, True)
+        return _Move(label, lambda: _replace(case, scalars=scalars), size, True,
+                     same_shape=True)
 
     if s.get("use_qk_l2norm_in_kernel"):
         yield move("l2norm off", use_qk_l2norm_in_kernel=False)
@@ -501,8 +504,48 @@ def _scalar_moves(case: Case, size: float) -> Iterator[_Move]:
             yield move("scale K**-0.5", scale=float(K**-0.5))
 
 
+# pool bases whose unnamed slots a move zeroed, with the slots named then
+_UNNAMED_ZEROED = BaseMarks()
+
+
+def _named_slots(case: Case) -> frozenset[int] | None:
+    st, idx = case.tensors.get("initial_state"), case.tensors.get("ssm_state_indices")
+    if st is None or idx is None or len(st.shape) != 4 or len(idx.shape) != 1 \
+            or st.device.type == "meta" or idx.device.type == "meta":
+        return None
+    n = st.shape[0]
+    return frozenset(i for i in _indices(case) if 0 <= i < n)
+
+
+def _unnamed_zeroed(case: Case, named: frozenset[int]) -> Case:
+    """Every slot no row names set to zero (their only role: bit-identical afterwards),
+    the pool's size, strides, padding cells and named slots kept."""
+    st = case.tensors["initial_state"]
+    n = st.shape[0]
+    mask = torch.ones(n, dtype=torch.bool)
+    if named:
+        mask[torch.tensor(sorted(named))] = False
+    unnamed = mask.nonzero().squeeze(1).to(st.base.device)
+    if not unnamed.numel():
+        raise _Skip("every slot is named")
+    new = TensorArg(st.base.clone(), st.shape, st.stride, st.offset)
+    new.view()[unnamed] = 0
+    if st.base in SENTINEL_OUTSIDE:
+        SENTINEL_OUTSIDE.add(new.base)
+    _UNNAMED_ZEROED.add(new.base, named)
+    return _replace(case, {"initial_state": new})
+
+
 def _value_moves(case: Case, costs: CostModel, size: float) -> Iterator[_Move]:
     t = case.tensors
+    named = _named_slots(case)
+    st = t.get("initial_state")
+    if named is not None and st is not None and len(named) < st.shape[0] \
+            and _UNNAMED_ZEROED.get(st.base) != named:
+        share = 1 - len(named) / st.shape[0]
+        yield _Move(f"initial_state: the {st.shape[0] - len(named)} unnamed slot(s) zeroed",
+                    lambda: _unnamed_zeroed(case, named), size - costs.encoded(st) * share,
+                    True, same_shape=True)
     plans: list[tuple[str, str, Callable[[torch.Tensor], torch.Tensor]]] = [
         ("initial_state", "zero", torch.zeros_like),
         ("a", "zero", torch.zeros_like),
@@ -527,7 +570,7 @@ def _value_moves(case: Case, costs: CostModel, size: float) -> Iterator[_Move]:
             continue
         const = label in ("zero", "ones")  # a constant view: a fill or nearly
         yield _Move(f"{name} {label}", lambda name=name, fn=fn: build(name, fn),
-                    size - costs.encoded(arg) if const else size, True)
+                    size - costs.encoded(arg) if const else size, True, same_shape=True)
 
 
 class PackedDecodeShrinker:
