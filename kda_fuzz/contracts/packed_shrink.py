@@ -24,6 +24,7 @@ value head and key channel (KDA); otherwise one per value head ([B, HV] and [HV]
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -283,6 +284,14 @@ def _head_moves(st: _Step) -> Iterator[_Move]:
         g = h0 // per_q
         subsets.append(list(range(g * per_q, (g + 1) * per_q)))
         subsets.append([kh * per_q + h0 % per_q for kh in range(sz.H)])
+    if per_q >= 2 and (per_q > 2 or sz.H > 2):
+        # the fewest heads a GQA ratio shows on: two value heads of each of two key heads
+        # (H=2, HV=4), or of one (H=1, HV=2), the failing head's among them
+        g, j = h0 // per_q, h0 % per_q
+        offsets = sorted({j, (j + 1) % per_q})
+        pairs = [g, g + 1 if g + 1 < sz.H else g - 1] if sz.H > 1 else [g]
+        subsets.append(sorted(kh * per_q + o for kh in pairs for o in offsets))
+        subsets.append(sorted(g * per_q + o for o in offsets))
     half = sz.HV // 2
     subsets += [list(range(half)), list(range(half, sz.HV))]
     for keep in subsets:
@@ -498,10 +507,18 @@ def _scalar_moves(case: Case, size: float) -> Iterator[_Move]:
     scale = s.get("scale")
     if isinstance(scale, float) and scale != 1.0:
         yield move("scale 1.0", scale=1.0)
+        if scale == -1.0 or scale == 0.0:
+            return
         st = case.tensors.get("initial_state")
         K = st.shape[-1] if st is not None and st.shape else 0
         if K > 0 and scale != K**-0.5:
             yield move("scale K**-0.5", scale=float(K**-0.5))
+        if scale < 0:
+            yield move("scale -1.0", scale=-1.0)
+        if math.isfinite(scale):  # the magnitude kept, as the nearest power of two
+            p2 = math.copysign(2.0 ** round(math.log2(abs(scale))), scale)
+            if p2 != scale and p2 != 0.0 and math.isfinite(p2):
+                yield move(f"scale {p2!r} (a power of two)", scale=p2)
 
 
 # pool bases whose unnamed slots a move zeroed, with the slots named then
@@ -536,6 +553,30 @@ def _unnamed_zeroed(case: Case, named: frozenset[int]) -> Case:
     return _replace(case, {"initial_state": new})
 
 
+VALUE_TENSORS = ("mixed_qkv", "initial_state", "a", "b", "dt_bias", "A_log")
+SMALL_INTEGER = 4  # values toward the integers -4..4
+
+
+def _signs(x: torch.Tensor) -> torch.Tensor:
+    """0 and +-1."""
+    return torch.sign(torch.nan_to_num(x.double()))
+
+
+def _small_integers(x: torch.Tensor) -> torch.Tensor:
+    return torch.nan_to_num(x.double()).round().clamp(-SMALL_INTEGER, SMALL_INTEGER)
+
+
+def _power_of_two_grid(x: torch.Tensor) -> torch.Tensor:
+    """Small integers times one power of two near the largest magnitude (tiny or huge
+    values keep their scale: 1e-15 becomes a few multiples of 2^-52)."""
+    v = torch.nan_to_num(x.double(), nan=0.0, posinf=0.0, neginf=0.0)
+    top = float(v.abs().max()) if v.numel() else 0.0
+    if top == 0.0:
+        return v
+    unit = 2.0 ** (math.floor(math.log2(top)) - 1)
+    return (v / unit).round() * unit
+
+
 def _value_moves(case: Case, costs: CostModel, size: float) -> Iterator[_Move]:
     t = case.tensors
     named = _named_slots(case)
@@ -553,10 +594,13 @@ def _value_moves(case: Case, costs: CostModel, size: float) -> Iterator[_Move]:
         ("A_log", "zero", torch.zeros_like),
         ("b", "zero", torch.zeros_like),
         ("mixed_qkv", "ones", torch.ones_like),
+        *((n, "signs", _signs) for n in ("mixed_qkv", "initial_state")),
+        *((n, "small integers", _small_integers) for n in VALUE_TENSORS),
         ("mixed_qkv", "rounded to halves",
          lambda x: torch.nan_to_num((x.double() * 2).round() / 2)),
         ("initial_state", "rounded to halves",
          lambda x: torch.nan_to_num((x.double() * 2).round() / 2)),
+        *((n, "on a grid of a power of two", _power_of_two_grid) for n in VALUE_TENSORS),
     ]
     def build(name: str, fn: Callable[[torch.Tensor], torch.Tensor]) -> Case:
         vals = fn(t[name].view())
