@@ -27,22 +27,25 @@ UTF-8, standard JSON only (no ``NaN``/``Infinity`` literals)::
       }
     }
 
-Every tensor argument is stored as its whole 1-D base buffer (guard cells included,
-bit for bit: NaN payloads and signed zeros survive) plus the strided view taken of it.
-The base's little-endian bytes are written as a fill (``"fill"``: the hex of one
-element's bytes, repeated ``base_numel`` times) when every element has the same bits,
-else zlib-compressed (``zlib+base64``) when that is smaller, else as they are
-(``base64``). Schema 1 files (``base_bytes`` always plain base64, no ``encoding``) are
-still read. Finite floats outside tensors are JSON numbers (Python's shortest round-trip
-repr); non-finite ones are ``{"$float": "nan" | "inf" | "-inf"}`` (``scale`` and
-``lower_bound`` must be finite). The file name is ``<kind>-<h>.json`` with ``h`` the first
-16 hex digits of the SHA-256 of the canonical JSON (sorted keys, no whitespace) of
-``contract``, ``case.scalars``, ``case.tensors`` in their schema-1 form (plain base64
-``base_bytes``, whatever the file's encoding) and ``case.notes.semantic``, so saving the
-same call twice gives one file, under the name schema 1 gave it (intent and other notes
-are information and do not count). Files are written atomically (a temporary file in
-the same folder, then ``os.replace``; see :mod:`kda_fuzz.atomic`) and never above
-:data:`MAX_SAVED_BYTES` (:class:`CaseTooLarge`). Folders are walked for ``**/*.json``,
+Every tensor argument is stored as its whole 1-D base buffer (guard cells included, bit
+for bit: NaN payloads and signed zeros survive) plus the strided view taken of it. The
+base's little-endian bytes are written as a fill (``"fill"``: the hex of one element's
+bytes, repeated ``base_numel`` times) when every element has the same bits, else as
+``runs`` (fill runs and zlib stretches, in order) when it holds a long stretch of one
+value (zeroed unnamed slots, NaN padding), else zlib-compressed (``zlib+base64``) when
+that is smaller, else as they are (``base64``). Schema 1 files (``base_bytes`` always
+plain base64, no ``encoding``) are still read. Finite floats outside tensors are JSON
+numbers (Python's shortest round-trip repr); non-finite ones are ``{"$float": "nan" |
+"inf" | "-inf"}`` (``scale`` and ``lower_bound`` must be finite). The file name is
+``<kind>-<h>.json`` with ``h`` the first 16 hex digits of the SHA-256 of the canonical
+JSON (sorted keys, no whitespace) of ``contract``, ``case.scalars``, ``case.tensors`` in
+their schema-1 form (plain base64 ``base_bytes``, whatever the file's encoding) and
+``case.notes.semantic``, so saving the same call twice gives one file, under the name
+schema 1 gave it (intent and other notes are information and do not count). Files are
+written atomically (a temporary file in the same folder, then ``os.replace``; see
+:mod:`kda_fuzz.atomic`) and by ``save_case`` never above :data:`MAX_SAVED_BYTES`
+(:class:`CaseTooLarge`); ``save_failure`` saves a finding over it all the same, and
+nothing for a bug the folder already holds. Folders are walked for ``**/*.json``,
 skipping hidden entries (temporary files, other tools' folders).
 
 Loading never imports, unpickles or evaluates anything named by the file: dtypes,
