@@ -804,7 +804,8 @@ def _decode_tensor(name: str, obj: Any, schema: int = SCHEMA) -> TensorArg:
     view_numel = math.prod(shape)
     cap = MAX_RUN_ELEMENTS if obj.get("encoding") in ("runs", "fill") or device == "meta" \
         else MAX_ELEMENTS
-    if numel > cap or view_numel > cap:
+    # past MAX_ELEMENTS, a view may not hold more elements than its base (no zero strides)
+    if numel > cap or view_numel > min(cap, max(MAX_ELEMENTS, numel)):
         raise ValueError(f"{where}: absurd size (base {numel}, view {view_numel} elements; "
                          f"at most {cap})")
     reach = 0 if view_numel == 0 else offset + 1 + sum((n - 1) * s for n, s in zip(shape, stride))

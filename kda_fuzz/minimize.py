@@ -3,29 +3,33 @@
 Hypothesis shrinks the *choices* that built a case; this module shrinks the case itself,
 with the knowledge its contract's shrinker declares. Every candidate is re-run with
 :func:`kda_fuzz.oracle.run_case` (or the caller's ``run``) and kept only when the target
-still fails the same way (same verdict ``kind`` and ``what``, and for contract failures
-the same check), so the result never fails differently from the input. The work is
-bounded by ``seconds``.
+still fails the same way (the same :meth:`~kda_fuzz.verdict.Verdict.signature`, and for
+contract failures other than a raise the same check), so the result never fails
+differently from the input. The work is bounded by ``seconds``.
 
 The objective (:func:`case_cost`) is the size of the corpus file the case makes: the
 encoded bytes of its tensors (:func:`kda_fuzz.corpus.encoded_base_size`: fills and
 zlib-compressed bytes), plus ``1 / RAW_WEIGHT`` of their bytes in memory and of their
 sizes, so that among cases of one file size (all fills, say) the smaller layout wins.
 Each step gathers every move below, predicts the size of its result from the sizes it
-would give (without building it), and tries the moves in order of predicted size,
-smallest first, so a time budget goes to the biggest savings (moves predicted under
-``SIMPLE_BYTES`` keep the order of the list below). A move is kept when it
+would give (without building it), and tries the moves by predicted bytes saved per
+candidate run, so a time budget goes to the biggest savings (a move that changes a shape
+counts ``RESHAPE_RUNS`` runs: a shape-specialising kernel compiles anew; below
+``SIMPLE_BYTES`` the moves keep the order of the list below). A move is kept when it
 fails the same way and makes the case smaller; a *simplifying* move (dtypes toward
-float32, flags off, contiguous strides, guard cells removed, simpler values) is kept at
-equal size, and at any size up to ``SIMPLE_BYTES``, below which plain beats small.
+float32, flags off, contiguous strides, guard cells removed or filled, simpler values)
+is kept at equal size, and at any size up to ``SIMPLE_BYTES``, below which plain beats
+small.
 
 Moves come from two places. The engine's own, on any case: dtypes toward float32
 (indices toward int32), cheaper dtypes (bfloat16, float16) for bulky float tensors while
-the case is above ``SIMPLE_BYTES``, strides toward contiguous, guard cells removed. The
-contract's :class:`~kda_fuzz.contract.Shrinker` (``Contract.shrinker``), the family's
-knowledge: its structure (rows, heads, head dims; on broken layouts, truncation), its
-scalars (flags off, simpler values) and its values (zeros, ones, rounded). The packed
-decode families' shrinker is :mod:`kda_fuzz.contracts.packed_shrink`.
+the case is above ``SIMPLE_BYTES``, strides toward contiguous, cells outside a view (row
+padding, guards) set to the guard value in place (stored as fill runs), guard cells
+removed. The contract's :class:`~kda_fuzz.contract.Shrinker` (``Contract.shrinker``),
+the family's knowledge: its structure (rows, heads, head dims; on broken layouts,
+truncation), its scalars (flags off, simpler values) and its values (zeros, ones,
+rounded). The packed decode families' shrinker is
+:mod:`kda_fuzz.contracts.packed_shrink`.
 
 Layout padding (row stride beyond the width, slot stride beyond the slot) is kept when a
 size changes, so a failure that depends on it survives; the strides move removes it.

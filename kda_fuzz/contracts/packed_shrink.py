@@ -6,17 +6,22 @@ Moves on layouts the contract accepts (valid rows are independent):
 * rows: keep one row (the failing one first), drop chunks of rows (halves first);
   rows made padding (index -1) with the slots they named dropped; unnamed slots dropped;
 * heads: keep a subset of value heads consistently (q/k/v segments of ``mixed_qkv``,
-  ``a``, ``b``, ``A_log``, ``dt_bias``, the state pool and ``out``); fewer key heads
-  (fewer GQA groups, value heads kept);
+  ``a``, ``b``, ``A_log``, ``dt_bias``, the state pool and ``out``), among them two
+  value heads of two key heads (H=2, HV=4: the fewest a GQA ratio shows on); fewer key
+  heads (fewer GQA groups, value heads kept);
 * trades that keep ``B * HV`` (what a grid of ``(.., B * HV)`` blocks needs) while
   shrinking the rest: value heads halved and rows doubled (each row's second half of
   heads becomes a row of its own, with a slot of its own), or the reverse;
 * fewer V and K channels, smallest first (powers of two only in ``pow2_variants``);
 
 on broken layouts: trailing batch rows and state slots dropped together; everywhere:
-flags off (``use_qk_l2norm_in_kernel=False``, ``lower_bound=None``), ``scale`` toward 1.0
-or ``K ** -0.5``, values toward simple ones (zero state and gates, unit or rounded
-activations: constant bases are stored as fills).
+the slots no row names zeroed (pool size and strides kept: a failure may need a pool past
+2^31 elements; the file stores them as one fill run), flags off
+(``use_qk_l2norm_in_kernel=False``, ``lower_bound=None``), ``scale`` toward 1.0, -1.0,
+``K ** -0.5`` or the nearest power of two, values toward simple ones (zero state and
+gates, unit activations, signs, small integers, few bits on a power-of-two grid:
+constant bases are stored as fills). Value and scalar moves keep every shape
+(``Move.same_shape``).
 
 ``gate_per_key``: the gates ``a`` ([B, HV*K]) and ``dt_bias`` ([HV*K]) have one value per
 value head and key channel (KDA); otherwise one per value head ([B, HV] and [HV], GDN).
