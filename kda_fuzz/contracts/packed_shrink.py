@@ -540,8 +540,8 @@ def _named_slots(case: Case) -> frozenset[int] | None:
 
 
 def _unnamed_zeroed(case: Case, named: frozenset[int]) -> Case:
-    """Every slot no row names set to zero (their only role: bit-identical afterwards),
-    the pool's size, strides, padding cells and named slots kept."""
+    """Every slot no row names set to zero, with its padding cells (their only role:
+    bit-identical afterwards); the pool's size and strides and the named slots kept."""
     st = case.tensors["initial_state"]
     n = st.shape[0]
     mask = torch.ones(n, dtype=torch.bool)
@@ -552,6 +552,12 @@ def _unnamed_zeroed(case: Case, named: frozenset[int]) -> Case:
         raise _Skip("every slot is named")
     new = TensorArg(st.base.clone(), st.shape, st.stride, st.offset)
     new.view()[unnamed] = 0
+    S0, inner = st.stride[0], math.prod(st.shape[1:])
+    dense = st.stride[1:] == (st.shape[2] * st.shape[3], st.shape[3], 1)
+    if dense and S0 > inner:  # their padding cells too: one stretch of zeros in the file
+        whole = min(n, (new.base.numel() - st.offset) // S0)
+        spans = new.base.as_strided((whole, S0), (S0, 1), st.offset)
+        spans[unnamed[unnamed < whole]] = 0
     if st.base in SENTINEL_OUTSIDE:
         SENTINEL_OUTSIDE.add(new.base)
     _UNNAMED_ZEROED.add(new.base, named)
