@@ -584,7 +584,7 @@ def _file_signature(path: Path) -> tuple[Any, ...] | None:
         return hit[1]
     sig: tuple[Any, ...] | None = None
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = _header(path, st.st_size)
         raw, contract = doc.get("verdict"), doc.get("contract") or {}
         target = (doc.get("origin") or {}).get("target")
         if isinstance(raw, dict) and isinstance(target, str):
@@ -595,6 +595,25 @@ def _file_signature(path: Path) -> tuple[Any, ...] | None:
         sig = None
     _HEADERS[path] = (stamp, sig)
     return sig
+
+
+_HEADER_BYTES = 1 << 20  # the header of a file as written lies in its first MiB
+_CASE_KEY = '\n "case": '
+
+
+def _header(path: Path, size: int) -> dict[str, Any]:
+    """A corpus file's top-level fields before ``case`` (as :func:`_dumps` writes them),
+    without reading its tensors; a file laid out otherwise is read whole (up to 64 MiB)."""
+    with open(path, "rb") as f:
+        head = f.read(_HEADER_BYTES).decode("utf-8", errors="replace")
+    at = head.find(_CASE_KEY)
+    if at >= 0:
+        doc = json.loads(head[:at] + _CASE_KEY + "null\n}")
+    elif size <= 64 << 20:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    else:
+        return {}
+    return doc if isinstance(doc, dict) else {}
 
 
 def known_failure(failure: Any, directory: str | os.PathLike[str]) -> Path | None:

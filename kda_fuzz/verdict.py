@@ -20,21 +20,20 @@ def masked(message: str) -> str:
     return " ".join(_NUMBER.sub("#", message).split())[:MESSAGE_CHARS]
 
 
+_RAISED_DETAIL = re.compile(r"raised (?:on a layout the contract accepts: )?"
+                           r"([A-Za-z_][\w.]*)(?:: (.*))?", re.S)
+
+
 def _raised(v: Verdict) -> tuple[str, str]:
     """The exception type and message a contract verdict says the target raised (from
     ``extra``, or from the detail of files written before it was recorded there)."""
-    exc = v.extra.get("exception")
-    got = v.extra.get("got")
+    exc, got = v.extra.get("exception"), v.extra.get("got")
     if got is None:
-        head = "raised on a layout the contract accepts: " if v.what == "rejected-valid-layout" \
-            else "raised "
-        text = v.detail[len(head):] if v.detail.startswith(head) else v.detail
-        text = text.split("; expected: it", 1)[0]
-        if exc and text.startswith(f"{exc}: "):
-            text = text[len(exc) + 2:]
-        elif exc and text == exc:
-            text = ""
-        got = text
+        m = _RAISED_DETAIL.match(v.detail.split("; expected", 1)[0])
+        if m is not None:
+            exc, got = exc or m.group(1), m.group(2) or ""
+        else:
+            got = v.detail
     return str(exc or "ValueError"), str(got)
 
 

@@ -35,6 +35,13 @@ def test_a_signature_is_what_the_target_raised_not_the_check() -> None:
     assert a.signature("triton") == b.signature("triton") != c.signature("triton")
     assert a.signature("triton") != a.signature("helion")
     assert masked("got (3, 128) at 0x7f00ab, K=16") == "got (#, #) at #, K=#"
+    # a verdict of an older file (no exception recorded, older wording) reads the same
+    old = Verdict("contract", "wrong-exception-type", "raised ZeroDivisionError: integer "
+                  "modulo by zero; expected it to raises ValueError", check=21)
+    new = Verdict("contract", "wrong-exception-type", "raised ZeroDivisionError: integer "
+                  "modulo by zero; expected: it raises ValueError", check=20,
+                  extra={"exception": "ZeroDivisionError"})
+    assert old.signature() == new.signature()
     # a broken layout accepted is still known by the check that should have fired
     d14 = Verdict("contract", "accepted-broken-layout", "returned normally", check=14)
     d21 = Verdict("contract", "accepted-broken-layout", "returned normally", check=21)
