@@ -555,7 +555,7 @@ def _save(report: Any, contract: Any, corpus: str, args: argparse.Namespace,
     corpus file is described instead. Outside a project that opted in, say how pytest
     would replay the files."""
     from .config import config_snippet
-    from .corpus import CaseTooLarge, replay_command_line, save_failure
+    from .corpus import SEEN_AGAIN, CaseTooLarge, replay_command_line, save_failure
 
     settled = {id(f) for f in done}
     for f in report.failures:
@@ -567,6 +567,10 @@ def _save(report: Any, contract: Any, corpus: str, args: argparse.Namespace,
             f.saved = str(save_failure(f, corpus, contract=contract, seed=report.seed))
             f.reproduce = replay_command_line(f.target, f.saved, variant=report.variant,
                                               device=args.device, timeout=args.timeout)
+            if f.note.startswith(SEEN_AGAIN):  # a bug the corpus already holds
+                print(f"kda-fuzz: {f.verdict.kind}/{f.verdict.what} on {f.target}: {f.note}",
+                      file=sys.stderr)
+                continue
         except CaseTooLarge as e:
             f.note = f"{e}"
             print(f"kda-fuzz: {f.verdict.kind}/{f.verdict.what} on {f.target}: {e}",

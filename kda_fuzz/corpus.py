@@ -27,22 +27,25 @@ UTF-8, standard JSON only (no ``NaN``/``Infinity`` literals)::
       }
     }
 
-Every tensor argument is stored as its whole 1-D base buffer (guard cells included,
-bit for bit: NaN payloads and signed zeros survive) plus the strided view taken of it.
-The base's little-endian bytes are written as a fill (``"fill"``: the hex of one
-element's bytes, repeated ``base_numel`` times) when every element has the same bits,
-else zlib-compressed (``zlib+base64``) when that is smaller, else as they are
-(``base64``). Schema 1 files (``base_bytes`` always plain base64, no ``encoding``) are
-still read. Finite floats outside tensors are JSON numbers (Python's shortest round-trip
-repr); non-finite ones are ``{"$float": "nan" | "inf" | "-inf"}`` (``scale`` and
-``lower_bound`` must be finite). The file name is ``<kind>-<h>.json`` with ``h`` the first
-16 hex digits of the SHA-256 of the canonical JSON (sorted keys, no whitespace) of
-``contract``, ``case.scalars``, ``case.tensors`` in their schema-1 form (plain base64
-``base_bytes``, whatever the file's encoding) and ``case.notes.semantic``, so saving the
-same call twice gives one file, under the name schema 1 gave it (intent and other notes
-are information and do not count). Files are written atomically (a temporary file in
-the same folder, then ``os.replace``; see :mod:`kda_fuzz.atomic`) and never above
-:data:`MAX_SAVED_BYTES` (:class:`CaseTooLarge`). Folders are walked for ``**/*.json``,
+Every tensor argument is stored as its whole 1-D base buffer (guard cells included, bit
+for bit: NaN payloads and signed zeros survive) plus the strided view taken of it. The
+base's little-endian bytes are written as a fill (``"fill"``: the hex of one element's
+bytes, repeated ``base_numel`` times) when every element has the same bits, else as
+``runs`` (fill runs and zlib stretches, in order) when it holds a long stretch of one
+value (zeroed unnamed slots, NaN padding), else zlib-compressed (``zlib+base64``) when
+that is smaller, else as they are (``base64``). Schema 1 files (``base_bytes`` always
+plain base64, no ``encoding``) are still read. Finite floats outside tensors are JSON
+numbers (Python's shortest round-trip repr); non-finite ones are ``{"$float": "nan" |
+"inf" | "-inf"}`` (``scale`` and ``lower_bound`` must be finite). The file name is
+``<kind>-<h>.json`` with ``h`` the first 16 hex digits of the SHA-256 of the canonical
+JSON (sorted keys, no whitespace) of ``contract``, ``case.scalars``, ``case.tensors`` in
+their schema-1 form (plain base64 ``base_bytes``, whatever the file's encoding) and
+``case.notes.semantic``, so saving the same call twice gives one file, under the name
+schema 1 gave it (intent and other notes are information and do not count). Files are
+written atomically (a temporary file in the same folder, then ``os.replace``; see
+:mod:`kda_fuzz.atomic`) and by ``save_case`` never above :data:`MAX_SAVED_BYTES`
+(:class:`CaseTooLarge`); ``save_failure`` saves a finding over it all the same, and
+nothing for a bug the folder already holds. Folders are walked for ``**/*.json``,
 skipping hidden entries (temporary files, other tools' folders).
 
 Loading never imports, unpickles or evaluates anything named by the file: dtypes,
@@ -66,6 +69,7 @@ import base64
 import binascii
 import datetime
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -94,11 +98,16 @@ from .verdict import Verdict
 SCHEMA = 2
 READ_SCHEMAS = (1, 2)
 KINDS = ("contract", "mismatch", "crash", "timeout", "flaky")
-ENCODINGS = ("base64", "zlib+base64", "fill")
-MAX_ELEMENTS = 2**28  # per base buffer and per view
+ENCODINGS = ("base64", "zlib+base64", "fill", "runs")
+MAX_ELEMENTS = 2**28  # per base buffer and per view (bytes stored as they are)
+MAX_RUN_ELEMENTS = 2**34  # per base and view stored as runs (fills and zlib stretches)
+RUN_BLOCK = 512  # elements: runs are found block by block ...
+MIN_FILL_BLOCKS = 4  # ... and a fill run spans this many whole blocks at least
+_RUN_CHUNK = 1 << 14  # blocks compared per step (a bounded scratch on any base)
 MAX_NDIM = 8
 MAX_FILE_BYTES = 1 << 31  # read at most
-MAX_SAVED_BYTES = 16 << 20  # written at most
+MAX_SAVED_BYTES = 16 << 20  # written at most by save_case (the file: compressed bytes)
+HARD_SAVED_BYTES = 1 << 30  # a finding no smaller case reproduces is saved up to this
 ZLIB_LEVEL = 6
 EXACT_ESTIMATE_BYTES = 1 << 20  # encoded_base_size compresses bases up to this size
 _SAMPLE_BYTES, _SAMPLES = 1 << 16, 8  # ... and samples larger ones
@@ -211,6 +220,60 @@ def _fill_element(base: torch.Tensor) -> bytes | None:
     return _le_bytes(flat[:1])
 
 
+def _runs(base: torch.Tensor) -> list[tuple[int, int, bytes | None]] | None:
+    """``base`` as consecutive runs ``(start, count, element)``: ``element`` the bytes of
+    the one element a fill run repeats, ``None`` for a stretch stored as bytes. ``None``
+    when no fill run of ``MIN_FILL_BLOCKS`` whole blocks exists (nothing to gain).
+
+    Blocks of ``RUN_BLOCK`` elements are compared with their first element, a chunk of
+    blocks at a time, so the scratch stays small on a base of billions of elements."""
+    flat = base.detach().reshape(-1)
+    n = flat.numel()
+    nb = n // RUN_BLOCK
+    if nb < MIN_FILL_BLOCKS:
+        return None
+    words = flat.view(_INT_OF_SIZE[flat.element_size()])
+    const = torch.empty(nb, dtype=torch.bool)
+    first = words[: nb * RUN_BLOCK: RUN_BLOCK].cpu()
+    for i in range(0, nb, _RUN_CHUNK):
+        j = min(nb, i + _RUN_CHUNK)
+        blocks = words[i * RUN_BLOCK: j * RUN_BLOCK].view(j - i, RUN_BLOCK)
+        const[i:j] = (blocks == blocks[:, :1]).all(1).cpu()
+    change = torch.ones(nb, dtype=torch.bool)
+    change[1:] = (const[1:] != const[:-1]) | (const[1:] & (first[1:] != first[:-1]))
+    starts = [*change.nonzero().squeeze(1).tolist(), nb]
+    runs: list[tuple[int, int, bytes | None]] = []
+    for a, b in itertools.pairwise(starts):
+        fill = bool(const[a]) and b - a >= MIN_FILL_BLOCKS
+        element = _le_bytes(flat[a * RUN_BLOCK: a * RUN_BLOCK + 1]) if fill else None
+        start, count = a * RUN_BLOCK, (b - a) * RUN_BLOCK
+        if element is None and runs and runs[-1][2] is None:  # stretches of bytes merge
+            runs[-1] = (runs[-1][0], runs[-1][1] + count, None)
+        else:
+            runs.append((start, count, element))
+    if n > nb * RUN_BLOCK:
+        if runs[-1][2] is None:
+            runs[-1] = (runs[-1][0], n - runs[-1][0], None)
+        else:
+            runs.append((nb * RUN_BLOCK, n - nb * RUN_BLOCK, None))
+    if all(e is None for _, _, e in runs):
+        return None
+    return runs
+
+
+def _encode_runs(flat: torch.Tensor, runs: list[tuple[int, int, bytes | None]]
+                 ) -> dict[str, Any]:
+    items: list[dict[str, Any]] = []
+    for start, count, element in runs:
+        if element is not None:
+            items.append({"count": count, "fill": element.hex()})
+        else:
+            raw = _le_bytes(flat[start:start + count])
+            packed = zlib.compress(raw, ZLIB_LEVEL)
+            items.append({"count": count, "base_bytes": base64.b64encode(packed).decode("ascii")})
+    return {"encoding": "runs", "runs": items}
+
+
 def _encode_base(base: torch.Tensor) -> dict[str, Any]:
     """The schema-2 ``encoding`` and payload fields of a base buffer."""
     if base.device.type == "meta":
@@ -218,6 +281,9 @@ def _encode_base(base: torch.Tensor) -> dict[str, Any]:
     element = _fill_element(base)
     if element is not None:
         return {"encoding": "fill", "fill": element.hex()}
+    runs = _runs(base)
+    if runs is not None:
+        return _encode_runs(base.detach().reshape(-1), runs)
     raw = _le_bytes(base)
     packed = zlib.compress(raw, ZLIB_LEVEL)
     if len(packed) < len(raw):
@@ -239,11 +305,26 @@ def encoded_base_size(base: torch.Tensor) -> int:
         return 0
     if _fill_element(base) is not None:
         return 2 * base.element_size()
-    nbytes = base.numel() * base.element_size()
-    if nbytes <= EXACT_ESTIMATE_BYTES:
-        raw = _le_bytes(base)
-        return _b64_len(min(len(zlib.compress(raw, ZLIB_LEVEL)), len(raw)))
     flat = base.detach().reshape(-1)
+    runs = _runs(base)
+    if runs is not None:  # fills cost their hex and a few characters; stretches as below
+        size = 0
+        for start, count, element in runs:
+            size += 40 if element is None else 30 + 2 * flat.element_size()
+            if element is None:
+                size += _packed_size(flat[start:start + count], False)
+        return size
+    return _packed_size(flat, True)
+
+
+def _packed_size(flat: torch.Tensor, raw_ok: bool) -> int:
+    """Base64 characters of ``flat`` zlib-compressed (or raw, when ``raw_ok`` and that is
+    shorter): exact up to ``EXACT_ESTIMATE_BYTES``, sampled above."""
+    nbytes = flat.numel() * flat.element_size()
+    limit = nbytes if raw_ok else 2 * nbytes + 64
+    if nbytes <= EXACT_ESTIMATE_BYTES:
+        raw = _le_bytes(flat)
+        return _b64_len(min(len(zlib.compress(raw, ZLIB_LEVEL)), limit))
     per = max(1, _SAMPLE_BYTES // flat.element_size())
     starts = [round(i * (flat.numel() - per) / (_SAMPLES - 1)) for i in range(_SAMPLES)]
     sampled = packed = 0
@@ -251,7 +332,7 @@ def encoded_base_size(base: torch.Tensor) -> int:
         raw = _le_bytes(flat[start:start + per])
         sampled += len(raw)
         packed += len(zlib.compress(raw, ZLIB_LEVEL))
-    return _b64_len(min(nbytes, math.ceil(nbytes * packed / sampled)))
+    return _b64_len(min(limit, math.ceil(nbytes * packed / sampled)))
 
 
 def _tensor_header(arg: TensorArg) -> dict[str, Any]:
@@ -323,6 +404,8 @@ def case_digest(case: Case) -> str:
         head = _tensor_header(arg)
         if arg.device.type == "meta":
             return {**head, "base_bytes": None}
+        if arg.base.numel() > MAX_ELEMENTS:  # past what schema 1 could hold: as written
+            return {**head, **_encode_base(arg.base)}
         key = f"{token}{len(payloads)}"
         payloads[key] = arg.base
         return {**head, "base_bytes": key}
@@ -401,16 +484,31 @@ def _payload_of(entry: dict[str, Any]) -> str:
     return entry.get("base_bytes") or entry.get("fill") or ""
 
 
+def _payload_len(entry: dict[str, Any]) -> int:
+    """Characters of a tensor entry's payloads (of each run's, for ``runs``)."""
+    if entry.get("encoding") == "runs":
+        return sum(len(_payload_of(r)) for r in entry.get("runs", ()))
+    return len(_payload_of(entry))
+
+
+def _hollow(entry: dict[str, Any]) -> dict[str, Any]:
+    """A tensor entry with its payloads emptied (what :func:`_file_size` writes out)."""
+    out = {**entry, **{k: "" for k in ("base_bytes", "fill") if entry.get(k)}}
+    if entry.get("encoding") == "runs":
+        out["runs"] = [{**r, **{k: "" for k in ("base_bytes", "fill") if r.get(k)}}
+                       for r in entry.get("runs", ())]
+    return out
+
+
 def _file_size(doc: dict[str, Any]) -> int:
     """Bytes of ``_dumps(doc)``, counted without writing out the tensors' payloads.
 
     Payloads are ASCII (base64, hex) and JSON-escape nothing, so they add their length.
     """
     tensors = doc["case"]["tensors"]
-    hollow = {n: {**e, **{k: "" for k in ("base_bytes", "fill") if e.get(k)}}
-              for n, e in tensors.items()}
+    hollow = {n: _hollow(e) for n, e in tensors.items()}
     skeleton = {**doc, "case": {**doc["case"], "tensors": hollow}}
-    return len(_dumps(skeleton).encode()) + sum(len(_payload_of(e)) for e in tensors.values())
+    return len(_dumps(skeleton).encode()) + sum(_payload_len(e) for e in tensors.values())
 
 
 def encoded_size(case: Case) -> int:
@@ -434,53 +532,142 @@ def encoded_size(case: Case) -> int:
 
 
 def encode_entry(case: Case, verdict: Verdict | None, *,
-                 origin: Mapping[str, Any] | None = None, description: str = ""
-                 ) -> tuple[str, str]:
+                 origin: Mapping[str, Any] | None = None, description: str = "",
+                 limit: int | None = None) -> tuple[str, str]:
     """The file name and JSON text of a corpus entry (see :func:`save_case`).
 
-    Raises :class:`CaseTooLarge` when the text would exceed ``MAX_SAVED_BYTES``.
+    Raises :class:`CaseTooLarge` when the text would exceed ``limit`` bytes (default
+    ``MAX_SAVED_BYTES``).
     """
+    limit = MAX_SAVED_BYTES if limit is None else limit
     if any(t.device.type not in DEVICES for t in case.tensors.values()):
         case = case.on("cpu")
     doc = _document(case, verdict, origin, description, _encode_tensor)
     size = _file_size(doc)
-    if size > MAX_SAVED_BYTES:
-        raise CaseTooLarge(size, case.describe(), MAX_SAVED_BYTES)
+    if size > limit:
+        raise CaseTooLarge(size, case.describe(), limit)
     return f"{doc['kind']}-{case_digest(case)}.json", _dumps(doc)
 
 
 def save_case(case: Case, verdict: Verdict | None, directory: str | os.PathLike[str], *,
-              origin: Mapping[str, Any] | None = None, description: str = "") -> Path:
+              origin: Mapping[str, Any] | None = None, description: str = "",
+              limit: int | None = None) -> Path:
     """Write ``case`` (and the failure it shows) into ``directory``; return the file's path.
 
     ``verdict`` ``None`` (a hand-made regression) files the case by what the contract
     expects: ``contract`` when it must be rejected, else ``mismatch``. The same case saved
     twice, by any number of processes at once, ends up as one complete file. A case
-    whose file would exceed ``MAX_SAVED_BYTES`` (16 MiB) raises :class:`CaseTooLarge`
-    and writes nothing.
+    whose file would exceed ``limit`` (default ``MAX_SAVED_BYTES``, 16 MiB) raises
+    :class:`CaseTooLarge` and writes nothing.
     """
-    name, text = encode_entry(case, verdict, origin=origin, description=description)
+    name, text = encode_entry(case, verdict, origin=origin, description=description,
+                              limit=limit)
     return write_atomic(Path(directory) / name, text)
 
 
+SEEN_AGAIN = "seen again:"  # how a failure's note starts when the corpus already holds it
+_HEADERS: dict[Path, tuple[tuple[int, int], tuple[Any, ...] | None]] = {}
+
+
+def _file_signature(path: Path) -> tuple[Any, ...] | None:
+    """``(family, recorded target, *Verdict.signature(variant))`` of a corpus file, from
+    its JSON header alone (no tensor is decoded); ``None`` for a file without a verdict
+    or one that cannot be read. Cached per file while its size and mtime stay."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    stamp = (st.st_size, st.st_mtime_ns)
+    hit = _HEADERS.get(path)
+    if hit is not None and hit[0] == stamp:
+        return hit[1]
+    sig: tuple[Any, ...] | None = None
+    try:
+        doc = _header(path, st.st_size)
+        raw, contract = doc.get("verdict"), doc.get("contract") or {}
+        target = (doc.get("origin") or {}).get("target")
+        if isinstance(raw, dict) and isinstance(target, str):
+            verdict = Verdict.from_json(_unjson(raw))
+            sig = (contract.get("family"), target,
+                   *verdict.signature(str(contract.get("variant"))))
+    except (OSError, ValueError, TypeError, AttributeError):
+        sig = None
+    _HEADERS[path] = (stamp, sig)
+    return sig
+
+
+_HEADER_BYTES = 1 << 20  # the header of a file as written lies in its first MiB
+_CASE_KEY = '\n "case": '
+
+
+def _header(path: Path, size: int) -> dict[str, Any]:
+    """A corpus file's top-level fields before ``case`` (as :func:`_dumps` writes them),
+    without reading its tensors; a file laid out otherwise is read whole (up to 64 MiB)."""
+    with open(path, "rb") as f:
+        head = f.read(_HEADER_BYTES).decode("utf-8", errors="replace")
+    at = head.find(_CASE_KEY)
+    if at >= 0:
+        doc = json.loads(head[:at] + _CASE_KEY + "null\n}")
+    elif size <= 64 << 20:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    else:
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def known_failure(failure: Any, directory: str | os.PathLike[str]) -> Path | None:
+    """The file in ``directory`` (walked as :func:`corpus_files` does) that already holds
+    ``failure``'s bug: same contract family, recorded target and
+    :meth:`Verdict.signature` (what the target did) under the same variant."""
+    folder = Path(directory)
+    if failure.verdict is None or not folder.is_dir():
+        return None
+    want = (failure.case.contract, failure.target,
+            *failure.verdict.signature(failure.case.variant))
+    for path in corpus_files([folder]):
+        if _file_signature(path) == want:
+            return path
+    return None
+
+
 def save_failure(failure: Any, directory: str | os.PathLike[str], *, contract: Contract,
-                 seed: int | None, unminimized: str = "") -> Path:
+                 seed: int | None, unminimized: str = "", dedupe: bool = True) -> Path:
     """Save a campaign's ``runner.Failure`` (its minimized case) with its origin.
     ``unminimized``: why the case is saved as found (recorded in the origin and the
-    description)."""
+    description).
+
+    A finding is never dropped for its size: a file over ``MAX_SAVED_BYTES`` is written
+    all the same (up to ``HARD_SAVED_BYTES``, else :class:`CaseTooLarge`), the smallest
+    case that reproduced it, and ``failure.note`` says so.
+
+    With ``dedupe``, a bug the corpus folder already holds (:func:`known_failure`) is not
+    saved again: the existing file's path is returned and ``failure.note`` says it was
+    seen again (it starts with :data:`SEEN_AGAIN`)."""
     case, verdict = failure.case, failure.verdict
     if case.contract != contract.name:
         raise ValueError(f"failure is for contract {case.contract!r}, not {contract.name!r}")
+    if dedupe:
+        known = known_failure(failure, directory)
+        if known is not None:
+            failure.note = f"{SEEN_AGAIN} the corpus already holds this bug ({known}); not saved"
+            return known
     date = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
     sizes = contract.sizes(case) if contract.sizes is not None else {}
     layout = ", ".join(f"{k}={v}" for k, v in sizes.items())
     description = ("[not minimized] " if unminimized else "") + (
         f"{verdict.kind}/{verdict.what} on {failure.target}") + (
         f" ({layout})" if layout else "")
-    return save_case(case, verdict, directory, description=description,
-                     origin={"target": failure.target, "seed": seed, "date": date,
-                             "tool": "kda-fuzz fuzz",
-                             **({"unminimized": unminimized} if unminimized else {})})
+    origin = {"target": failure.target, "seed": seed, "date": date, "tool": "kda-fuzz fuzz",
+              **({"unminimized": unminimized} if unminimized else {})}
+    try:
+        return save_case(case, verdict, directory, description=description, origin=origin)
+    except CaseTooLarge as e:  # never dropped for its size: the smallest that reproduced
+        path = save_case(case, verdict, directory, origin=origin, limit=HARD_SAVED_BYTES,
+                         description=f"{description}; over the size cap: no smaller case "
+                         "reproduced it")
+        failure.note = (f"saved at {e.size / 2**20:.1f} MiB, over the "
+                        f"{MAX_SAVED_BYTES / 2**20:g} MiB cap: no smaller case reproduced it")
+        return path
 
 
 # ------------------------------------------------------------------ decoding
@@ -557,6 +744,68 @@ def _decode_payload(obj: dict, where: str, schema: int, dtype_name: str, numel: 
     return data
 
 
+def _fill_word(text: str, where: str, dtype: torch.dtype, dtype_name: str,
+               itemsize: int) -> int:
+    """The integer word of one element given as ``2 * itemsize`` lowercase hex digits."""
+    if len(text) != 2 * itemsize or not re.fullmatch(r"[0-9a-f]*", text):
+        raise ValueError(f"{where}.fill must be {2 * itemsize} lowercase hex digits "
+                         f"(one {dtype_name} element)")
+    element = bytes.fromhex(text)
+    if dtype == torch.bool and element[0] > 1:
+        raise ValueError(f"{where}: bool bytes must be 0 or 1")
+    return int(_from_le_bytes(element, dtype, 1).view(_INT_OF_SIZE[itemsize]).item())
+
+
+def _decode_runs(obj: dict, where: str, dtype: torch.dtype, dtype_name: str, numel: int,
+                 itemsize: int) -> torch.Tensor:
+    """A base stored as runs: each ``{"count": n, "fill": hex}`` or ``{"count": n,
+    "base_bytes": zlib+base64}``, in order, their counts adding up to ``base_numel``.
+    Every run is checked before the base is allocated."""
+    if obj.get("base_bytes") is not None or "fill" in obj:
+        raise ValueError(f"{where}: runs carry their payloads in runs[]")
+    runs = _field(obj, "runs", list, where)
+    total = 0
+    parsed: list[tuple[int, int | bytes]] = []
+    for i, run in enumerate(runs):
+        at = f"{where}.runs[{i}]"
+        count = _field(run, "count", int, at)
+        if count <= 0:
+            raise ValueError(f"{at}.count must be positive")
+        if ("fill" in run) == ("base_bytes" in run):
+            raise ValueError(f"{at} must hold exactly one of fill and base_bytes")
+        if "fill" in run:
+            parsed.append((count, _fill_word(_field(run, "fill", str, at), at, dtype,
+                                             dtype_name, itemsize)))
+        else:
+            text = _field(run, "base_bytes", str, at)
+            try:
+                packed = base64.b64decode(text.encode("ascii"), validate=True)
+            except (binascii.Error, UnicodeEncodeError) as e:
+                raise ValueError(f"{at}.base_bytes is not valid base64 ({e})") from None
+            parsed.append((count, packed))
+        total += count
+        if total > numel:
+            break
+    if total != numel:
+        raise ValueError(f"{where}: the runs hold {total} elements; base_numel is {numel}")
+    itype = _INT_OF_SIZE[itemsize]
+    try:
+        words = torch.empty(numel, dtype=itype)
+    except RuntimeError as e:  # more than this machine holds
+        raise ValueError(f"{where}: cannot hold a base of {numel} elements here ({e})") from None
+    pos = 0
+    for i, (count, payload) in enumerate(parsed):
+        if isinstance(payload, int):
+            words[pos:pos + count] = payload
+        else:
+            data = _inflate(payload, count * itemsize, f"{where}.runs[{i}].base_bytes")
+            if dtype == torch.bool and any(byte > 1 for byte in data):
+                raise ValueError(f"{where}: bool bytes must be 0 or 1")
+            words[pos:pos + count] = _from_le_bytes(data, dtype, count).view(itype)
+        pos += count
+    return words.view(dtype)
+
+
 def _decode_tensor(name: str, obj: Any, schema: int = SCHEMA) -> TensorArg:
     where = f"case.tensors.{name}"
     dtype_name = _field(obj, "dtype", str, where)
@@ -575,9 +824,12 @@ def _decode_tensor(name: str, obj: Any, schema: int = SCHEMA) -> TensorArg:
     if any(n < 0 for n in shape) or any(s < 0 for s in stride) or offset < 0 or numel < 0:
         raise ValueError(f"{where}: negative size, stride, offset or base_numel")
     view_numel = math.prod(shape)
-    if numel > MAX_ELEMENTS or view_numel > MAX_ELEMENTS:
+    cap = MAX_RUN_ELEMENTS if obj.get("encoding") in ("runs", "fill") or device == "meta" \
+        else MAX_ELEMENTS
+    # past MAX_ELEMENTS, a view may not hold more elements than its base (no zero strides)
+    if numel > cap or view_numel > min(cap, max(MAX_ELEMENTS, numel)):
         raise ValueError(f"{where}: absurd size (base {numel}, view {view_numel} elements; "
-                         f"at most {MAX_ELEMENTS})")
+                         f"at most {cap})")
     reach = 0 if view_numel == 0 else offset + 1 + sum((n - 1) * s for n, s in zip(shape, stride))
     if reach > numel or offset > numel:
         raise ValueError(f"{where}: view (shape {list(shape)}, stride {list(stride)}, offset "
@@ -590,13 +842,20 @@ def _decode_tensor(name: str, obj: Any, schema: int = SCHEMA) -> TensorArg:
                              "and fill must be null or absent)")
         return TensorArg(torch.empty(numel, dtype=dtype, device="meta"), shape, stride, offset)
     itemsize = torch.empty(0, dtype=dtype).element_size()
+    if schema != 1 and obj.get("encoding") == "runs":
+        return TensorArg(_decode_runs(obj, where, dtype, dtype_name, numel, itemsize), shape,
+                         stride, offset)
     data = _decode_payload(obj, where, schema, dtype_name, numel, itemsize)
     if isinstance(data, tuple):
         element, count = data
         if dtype == torch.bool and element[0] > 1:
             raise ValueError(f"{where}: bool bytes must be 0 or 1")
         word = _from_le_bytes(element, dtype, 1).view(_INT_OF_SIZE[itemsize])
-        base = torch.full((count,), int(word.item()), dtype=word.dtype).view(dtype)
+        try:
+            base = torch.full((count,), int(word.item()), dtype=word.dtype).view(dtype)
+        except RuntimeError as e:  # more than this machine holds
+            raise ValueError(f"{where}: cannot hold a base of {count} elements here "
+                             f"({e})") from None
         return TensorArg(base, shape, stride, offset)
     if len(data) != numel * itemsize:
         raise ValueError(f"{where}: base_bytes holds {len(data)} bytes; base_numel {numel} of "

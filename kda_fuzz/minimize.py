@@ -3,29 +3,33 @@
 Hypothesis shrinks the *choices* that built a case; this module shrinks the case itself,
 with the knowledge its contract's shrinker declares. Every candidate is re-run with
 :func:`kda_fuzz.oracle.run_case` (or the caller's ``run``) and kept only when the target
-still fails the same way (same verdict ``kind`` and ``what``, and for contract failures
-the same check), so the result never fails differently from the input. The work is
-bounded by ``seconds``.
+still fails the same way (the same :meth:`~kda_fuzz.verdict.Verdict.signature`, and for
+contract failures other than a raise the same check), so the result never fails
+differently from the input. The work is bounded by ``seconds``.
 
 The objective (:func:`case_cost`) is the size of the corpus file the case makes: the
 encoded bytes of its tensors (:func:`kda_fuzz.corpus.encoded_base_size`: fills and
 zlib-compressed bytes), plus ``1 / RAW_WEIGHT`` of their bytes in memory and of their
 sizes, so that among cases of one file size (all fills, say) the smaller layout wins.
 Each step gathers every move below, predicts the size of its result from the sizes it
-would give (without building it), and tries the moves in order of predicted size,
-smallest first, so a time budget goes to the biggest savings (moves predicted under
-``SIMPLE_BYTES`` keep the order of the list below). A move is kept when it
+would give (without building it), and tries the moves by predicted bytes saved per
+candidate run, so a time budget goes to the biggest savings (a move that changes a shape
+counts ``RESHAPE_RUNS`` runs: a shape-specialising kernel compiles anew; below
+``SIMPLE_BYTES`` the moves keep the order of the list below). A move is kept when it
 fails the same way and makes the case smaller; a *simplifying* move (dtypes toward
-float32, flags off, contiguous strides, guard cells removed, simpler values) is kept at
-equal size, and at any size up to ``SIMPLE_BYTES``, below which plain beats small.
+float32, flags off, contiguous strides, guard cells removed or filled, simpler values)
+is kept at equal size, and at any size up to ``SIMPLE_BYTES``, below which plain beats
+small.
 
 Moves come from two places. The engine's own, on any case: dtypes toward float32
 (indices toward int32), cheaper dtypes (bfloat16, float16) for bulky float tensors while
-the case is above ``SIMPLE_BYTES``, strides toward contiguous, guard cells removed. The
-contract's :class:`~kda_fuzz.contract.Shrinker` (``Contract.shrinker``), the family's
-knowledge: its structure (rows, heads, head dims; on broken layouts, truncation), its
-scalars (flags off, simpler values) and its values (zeros, ones, rounded). The packed
-decode families' shrinker is :mod:`kda_fuzz.contracts.packed_shrink`.
+the case is above ``SIMPLE_BYTES``, strides toward contiguous, cells outside a view (row
+padding, guards) set to the guard value in place (stored as fill runs), guard cells
+removed. The contract's :class:`~kda_fuzz.contract.Shrinker` (``Contract.shrinker``),
+the family's knowledge: its structure (rows, heads, head dims; on broken layouts,
+truncation), its scalars (flags off, simpler values) and its values (zeros, ones,
+rounded). The packed decode families' shrinker is
+:mod:`kda_fuzz.contracts.packed_shrink`.
 
 Layout padding (row stride beyond the width, slot stride beyond the slot) is kept when a
 size changes, so a failure that depends on it survives; the strides move removes it.
@@ -44,8 +48,8 @@ from .case import Case, TensorArg, fingerprint
 from .contract import Contract
 from .corpus import encoded_base_size
 from .oracle import Outcome, expectation, run_case
+from .shrink import SENTINEL_OUTSIDE, ShrinkContext
 from .shrink import Move as _Move
-from .shrink import ShrinkContext
 from .shrink import Skip as _Skip
 from .shrink import contiguous_strides as _contiguous_strides
 from .shrink import make as _make
@@ -54,9 +58,10 @@ from .shrink import raw_after as _raw_after
 from .shrink import raw_bytes as _raw_bytes
 from .shrink import replace_in as _replace
 from .shrink import tail as _tail
-from .verdict import Verdict
+from .verdict import RAISED, Verdict
 
 MAX_STEPS = 4096  # accepted moves at most (the time budget ends it first)
+RESHAPE_RUNS = 4  # what a candidate of new shapes costs, in runs of one of the same shapes
 RAW_WEIGHT = 64  # a byte in memory costs 1/64 of a byte in the file
 SIMPLE_BYTES = 1 << 16  # below this cost, simplifying moves may grow a case
 BULKY_BYTES = 1 << 12  # tensors worth a cheaper dtype
@@ -181,6 +186,15 @@ def _layout_moves(case: Case, costs: _Costs) -> Iterator[_Move]:
         yield _Move("all strides contiguous", lambda: contiguous(strided), dense(strided), True)
     for n in strided:
         yield _Move(f"{n} contiguous", lambda n=n: contiguous([n]), dense([n]), True)
+    for n, a in t.items():  # cells the view never reads: row and slot padding, guards
+        if a.device.type == "meta" or a.base.numel() <= a.view().numel() \
+                or a.base in SENTINEL_OUTSIDE or _overlapping(a.shape, a.stride):
+            continue
+        after = costs.encoded(a) * a.view().numel() / max(1, a.base.numel()) + 64
+        yield _Move(f"{n}: cells outside the view filled",
+                    lambda a=a, n=n: _replace(case, {n: _make(a.view(), a, a.shape, a.stride,
+                                                              a.offset, _tail(a))}),
+                    costs.case(case) - costs.encoded(a) + after, True, same_shape=True)
     guarded = [n for n, a in t.items() if a.offset or _tail(a)]
     if len(guarded) > 1:
         yield _Move("all guard cells removed", lambda: unguarded(guarded), bare(guarded), True)
@@ -195,7 +209,8 @@ def _same(target: Verdict, got: Verdict | None) -> bool:
     if not target.same_failure(got):
         return False
     assert got is not None
-    return target.kind != "contract" or got.check == target.check
+    # what the target raised is the failure, not which check the layout meant to trip
+    return target.kind != "contract" or target.what in RAISED or got.check == target.check
 
 
 def minimize(contract: Contract, case: Case, target_fn: Callable[..., Any], verdict: Verdict,
@@ -284,8 +299,13 @@ def minimize_with_verdict(contract: Contract, case: Case, target_fn: Callable[..
         found += _layout_moves(c, costs)
         if shrinker is not None:
             found += shrinker.values(c, ctx)
-        # biggest savings first; below SIMPLE_BYTES, in the order above (stable sort)
-        return sorted(found, key=lambda m: max(m.size, SIMPLE_BYTES))
+        # biggest savings per candidate run first (a candidate of new shapes compiles a
+        # shape-specialising kernel anew: it costs RESHAPE_RUNS runs); below SIMPLE_BYTES,
+        # in the order above (stable sort)
+        if size <= SIMPLE_BYTES:
+            return sorted(found, key=lambda m: max(m.size, SIMPLE_BYTES))
+        return sorted(found, key=lambda m: -(size - max(m.size, SIMPLE_BYTES))
+                      / (1 if m.same_shape else RESHAPE_RUNS))
 
     # Moves that failed on a layout of the same structure are tried again only after
     # every other move (values and scalars may have changed since): a failure that needs

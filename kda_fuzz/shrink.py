@@ -6,6 +6,7 @@ another shape while keeping its padding and guard cells.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -17,6 +18,28 @@ from .case import Case, TensorArg, footprint
 INT_SENTINEL = 2**30 + 7  # the guard value of integer buffers (as the layouts build them)
 SMALL_AXIS = 64  # axes up to this long try every chunk position ...
 MAX_POSITIONS = 8  # ... longer ones this many per chunk size
+
+class BaseMarks:
+    """A value remembered per tensor object while it lives (by identity: tensors compare
+    elementwise, so weak sets and dicts of them do not work)."""
+
+    def __init__(self) -> None:
+        self._marks: dict[int, tuple[weakref.ref[torch.Tensor], Any]] = {}
+
+    def get(self, t: torch.Tensor, default: Any = None) -> Any:
+        hit = self._marks.get(id(t))
+        return hit[1] if hit is not None and hit[0]() is t else default
+
+    def add(self, t: torch.Tensor, value: Any = True) -> None:
+        key = id(t)
+        self._marks[key] = (weakref.ref(t, lambda _, key=key: self._marks.pop(key, None)), value)
+
+    def __contains__(self, t: torch.Tensor) -> bool:
+        return self.get(t) is not None
+
+
+# bases whose cells outside the view are known to hold the sentinel (made by ``make``)
+SENTINEL_OUTSIDE = BaseMarks()
 
 
 class CostModel(Protocol):
@@ -46,12 +69,15 @@ class Move:
     """One candidate: how to build it, and the encoded size its result is predicted to have.
 
     ``simplify``: kept at equal size (and at any size up to ``SIMPLE_BYTES``).
+    ``same_shape``: every tensor keeps its shape, strides and dtype (new values or
+    scalars only), so a shape-specialising kernel runs the candidate without compiling.
     """
 
     label: str
     build: Callable[[], Case]
     size: float
     simplify: bool = False
+    same_shape: bool = False
 
 
 class Skip(Exception):
@@ -101,6 +127,7 @@ def make(values: torch.Tensor | None, like: TensorArg, shape: Sequence[int],
     if like.device.type == "meta":
         return TensorArg(torch.empty(size, dtype=dtype, device="meta"), shape, stride, offset)
     base = torch.full((size,), sentinel(dtype), dtype=dtype, device=like.device)
+    SENTINEL_OUTSIDE.add(base)
     arg = TensorArg(base, shape, stride, offset)
     if values is not None and base.numel() and all(shape):
         if overlapping(shape, stride):
@@ -155,6 +182,8 @@ def with_values(arg: TensorArg, values: torch.Tensor) -> TensorArg:
         raise Skip("overlapping view")
     new = TensorArg(arg.base.clone(), arg.shape, arg.stride, arg.offset)
     new.view().copy_(values.to(device=arg.device, dtype=arg.dtype).reshape(arg.shape))
+    if arg.base in SENTINEL_OUTSIDE:
+        SENTINEL_OUTSIDE.add(new.base)
     return new
 
 

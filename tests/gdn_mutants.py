@@ -22,6 +22,15 @@ Numeric bugs (wrong numbers or wrong writes on valid layouts):
     ``q / (||q|| + 1e-6)`` instead of ``q / sqrt(sum(q*q) + 1e-6)`` (visible on small
     norms only).
 
+Conformant variations (not bugs; the fuzzer must pass them):
+
+``beta_in_b_dtype``
+    beta rounded to ``b``'s dtype before the float32 math, as sglang's and vLLM's GDN
+    packed decode do (spec section 3, last paragraph).
+``scale_in_products``
+    ``out`` as the sum of the K float32 products ``S[v, k] * (q[k] * scale)``: with a
+    tiny ``scale`` each product underflows on its own.
+
 Contract bugs (wrong error on broken layouts):
 
 ``swap_ab_alog_checks``
@@ -99,10 +108,15 @@ def make(bugs: frozenset[str] | set[str] = frozenset(), variant: str = "triton"
         else:
             decay = torch.exp(g)[:, :, None, None]
         beta = torch.sigmoid(b[rows].to(f32))
+        if "beta_in_b_dtype" in bugs:  # conformant (spec section 3): sglang's and vLLM's
+            beta = beta.to(b.dtype).to(f32)
         S = initial_state[slots].to(f32) * decay
         r = beta.unsqueeze(-1) * (v - torch.einsum("rhvk,rhk->rhv", S, k))
         S = S + r.unsqueeze(-1) * k.unsqueeze(2)
-        o = torch.einsum("rhvk,rhk->rhv", S, q) * scale
+        if "scale_in_products" in bugs:  # conformant: K float32 products, each maybe subnormal
+            o = (S * (q * scale).unsqueeze(2)).sum(-1)
+        else:
+            o = torch.einsum("rhvk,rhk->rhv", S, q) * scale
         if "padding_rows_untouched" not in bugs:
             out[(idx < 0).nonzero().squeeze(1)] = 0
         out[rows, 0] = o.to(out.dtype)
@@ -122,5 +136,8 @@ for _bug in NUMERIC_BUGS + CONTRACT_BUGS:
 
 correct_triton = make(set(), "triton")
 correct_helion = make(set(), "helion")
+CONFORMANT = ("beta_in_b_dtype", "scale_in_products")
+beta_in_b_dtype = make({"beta_in_b_dtype"}, "triton")
+scale_in_products = make({"scale_in_products"}, "triton")
 # Documented checks only: a gap (HV = 0 returns changing nothing), not a bug.
 documented_triton = make({"no_harden"}, "triton")

@@ -19,7 +19,8 @@ passes check 20 reaches ``q_dim % K`` (ValueError expected, any message).
 
 The oracle is KDA's (:func:`kda_fuzz.contracts.kda.judge`: bit-exact padding rows,
 untouched slots, guard cells and read-only inputs; the caller's objects returned) with
-this family's float64 reference and forward-error bounds (:func:`reference64`).
+this family's float64 reference and forward-error bounds (:func:`reference64`), which
+admit beta kept in float32 or rounded to ``b``'s dtype (both conformant).
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ HOLES = (Hole("zero-sized K, V or HV", lambda n: min(n.K, n.V, n.HV) == 0, after
 
 def reference64(args: dict[str, Any]) -> dict[str, torch.Tensor]:
     """Float64 result and per-element error bounds for the rows with ``idx >= 0`` (the
-    bound as KDA's, with the gate's sensitivity taken per value head)."""
+    bound as KDA's, with the gate's sensitivity taken per value head, and admitting beta
+    rounded to ``b``'s dtype as upstream GDN kernels do: spec section 3)."""
     from kda_fuzz_kernels.gdn_decode.reference import gdn_decode_terms
 
     state = args["initial_state"]
@@ -79,7 +81,8 @@ def reference64(args: dict[str, Any]) -> dict[str, torch.Tensor]:
     g, A = t["g"], t["A"]
     A_log = args["A_log"].to(f64).reshape(HV)
     gsens = g.abs() * (A_log.abs() + 4) + A * (t["a"].abs() + t["dt_bias"].abs())  # [R, HV]
-    return kda.packed_bounds(args, t, gsens[:, :, None, None])
+    return kda.packed_bounds(args, t, gsens[:, :, None, None],
+                             beta_rel=kda.beta_rounding(args["b"].dtype))
 
 
 FUSED = kda.Fused(gate_per_key=False)  # the same reference as one kernel (packed_fused)

@@ -8,7 +8,8 @@ must still raise, and the differential oracle with its tolerance policy:
 * per element, |got - ref| <= bound, where the bound is a forward error estimate of
   float32 arithmetic built from the magnitudes of the terms (gamma = 8 (K + 16) 2^-24
   per accumulated product, the gate's sensitivity for exp(g), the float32 rounding of
-  ``scale``, subnormal included), plus one rounding of the stored dtype (its eps times
+  ``scale``, subnormal included; an absolute term of 2^-150 per product for underflow),
+  plus one rounding of the stored dtype (its eps times
   |ref|) and the dtype's subnormal spacing. Float32 done
   right sits orders of magnitude inside it; one bf16/fp16 rounding of an intermediate
   (eps 2^-8 / 2^-11) lands outside it;
@@ -157,6 +158,14 @@ def _gamma(K: int) -> float:
     return 8.0 * (K + 16) * _U32
 
 
+def _underflow(K: int) -> float:
+    """The absolute error that underflow may add to one ``out`` element in float32: in the
+    standard model each product or quotient is ``(x op y)(1 + d) + e`` with ``|e| <= 2^-150``
+    (half the subnormal spacing), and one element takes at most 2K + 2 of them (K products
+    with ``q``, each maybe with ``scale`` folded in, and ``scale`` itself)."""
+    return (2 * K + 2) * 2.0**-150
+
+
 def _scale_ulp(sc: float) -> float:
     """The float32 rounding of ``|scale|``: 2^-24 relative, or the subnormal spacing
     2^-149 when it is tiny (a float64 scale of 1e-44 is subnormal in float32)."""
@@ -190,11 +199,18 @@ def reference64(args: dict[str, Any]) -> dict[str, torch.Tensor]:
     return packed_bounds(args, t, gsens.unsqueeze(2))
 
 
+def beta_rounding(b_dtype: torch.dtype) -> float:
+    """The relative error of beta rounded once to ``b``'s dtype (unit roundoff, eps / 2):
+    what GDN's tolerance admits (spec section 3, last paragraph)."""
+    return _eps(b_dtype) / 2
+
+
 def packed_bounds(args: dict[str, Any], t: dict[str, torch.Tensor],
-                  gsens: torch.Tensor) -> dict[str, torch.Tensor]:
+                  gsens: torch.Tensor, beta_rel: float = 0.0) -> dict[str, torch.Tensor]:
     """The float64 result of the delta-rule terms ``t`` with forward-error bounds of float32
     arithmetic, given the gate's sensitivity ``gsens`` (broadcastable to the rows' states
-    ``[R, HV, V, K]``); shared by the packed decode families."""
+    ``[R, HV, V, K]``); shared by the packed decode families. ``beta_rel``: a relative
+    error of beta the tolerance admits besides float32's (GDN: :func:`beta_rounding`)."""
     state, out = args["initial_state"], args["out"]
     K = state.shape[-1]
     gamma = _gamma(K)
@@ -208,7 +224,8 @@ def packed_bounds(args: dict[str, Any], t: dict[str, torch.Tensor],
     delta = t["v"].abs() + torch.einsum("rhvk,rhk->rhv", e_state, k_abs)
     M_r = t["beta"].unsqueeze(-1) * delta
     e_state.mul_(gamma + 4 * _U32 * gsens)
-    e_state.addcmul_((gamma * M_r + tiny32 * delta).unsqueeze(-1), k_abs.unsqueeze(2))
+    e_state.addcmul_(((gamma + beta_rel) * M_r + tiny32 * delta).unsqueeze(-1),
+                     k_abs.unsqueeze(2))
     e_state.add_(t["S0"].abs(), alpha=tiny32).add_(tiny32)  # tiny32 * (|S0| + 1)
     new_state, o = t["S"], t["o"]
     sc = abs(float(args["scale"]))
@@ -219,7 +236,7 @@ def packed_bounds(args: dict[str, Any], t: dict[str, torch.Tensor],
         torch.einsum("rhvk,rhk->rhv", e_state, q_abs)
         + gamma * Sq
         + tiny32 * (1 + q_abs.sum(-1, keepdim=True))
-    ) + sc_ulp * Sq
+    ) + sc_ulp * Sq + _underflow(K)
     # the state's bound: e_state plus one rounding to the stored dtype (in place)
     state_bound = e_state.add_(S_abs, alpha=_eps(state.dtype)).add_(_tiny(state.dtype))
     return {
@@ -554,8 +571,10 @@ def _diagnose(kwargs: dict[str, Any], before: dict[str, torch.Tensor],
             index, _, words = _place("initial_state", sx["pos"], rows, slots)
             tail = (f"state: {sx['bad']} of {sx['numel']} elements out of tolerance "
                     f"(worst initial_state{index}, {words}: {sx['ratio']:.3g}x the bound)")
+        outputs = ["out", "initial_state"] if sx else ["out"]
         return replace(v, detail=f"{v.detail}; {tail}",
-                       extra={**v.extra, "state_out_of_tolerance": sx["bad"] if sx else 0})
+                       extra={**v.extra, "state_out_of_tolerance": sx["bad"] if sx else 0,
+                              "outputs": outputs})
 
     # state: every cell of the pool outside the named slots bit-identical; those within bound.
     return _untouched(masks) or _compare("initial_state", state[slots], ref["state"],

@@ -438,7 +438,10 @@ def judge_sampled(case: Case, kwargs: dict[str, Any], before: dict[str, torch.Te
                          else (state[slots], ref["state"], ref["state_bound"]))
         v = kda._compare(name[: -len("-value")], got, r, bound, rows, slots)
         if v is not None:
-            return replace(v, detail=f"{v.detail} ({case.notes['judged']})")
+            wrong = [n[: -len("-value")] for n, ok in zip(names, values)
+                     if n.endswith("-value") and ok != 1.0]
+            return replace(v, detail=f"{v.detail} ({case.notes['judged']}; wrong: "
+                           f"{', '.join(wrong)})", extra={**v.extra, "outputs": wrong})
     if values[len(names)] != 1.0:
         raise kda.Unjudgeable("float64 result exceeds half the range of the stored dtype")
     return None

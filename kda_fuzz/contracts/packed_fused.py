@@ -24,7 +24,16 @@ import triton.language as tl
 
 from kda_fuzz_kernels.kda_decode.reference import L2NORM_EPS
 
-from .kda import _U32, _eps, _gamma, _half_max, _scale_ulp, _tiny
+from .kda import (
+    _U32,
+    _eps,
+    _gamma,
+    _half_max,
+    _scale_ulp,
+    _tiny,
+    _underflow,
+    beta_rounding,
+)
 
 TILE = 1024  # elements of the [V, K] tile a program holds (float64, several live copies)
 
@@ -148,12 +157,14 @@ def _judge_rows(
         q_abs = tl.abs(q)
         e = tl.abs(S_dec)
         delta = tl.abs(v) + tl.sum(e * k_abs[None, :], 1)
-        e = e * (gamma + u4 * gs) + ((gamma * beta * delta + tiny32 * delta)[:, None]
+        beta_rel = tl.load(consts + 16)
+        e = e * (gamma + u4 * gs) + (((gamma + beta_rel) * beta * delta + tiny32 * delta)[:, None]
                                      * k_abs[None, :]) + tiny32 * tl.abs(S0) + tiny32
         S_abs = tl.abs(S)
         Sq = tl.sum(S_abs * q_abs[None, :], 1)
         e_out = sc * (tl.sum(e * q_abs[None, :], 1) + gamma * Sq
-                      + tiny32 * (1.0 + tl.sum(q_abs, 0))) + sc_ulp * Sq
+                      + tiny32 * (1.0 + tl.sum(q_abs, 0))) + sc_ulp * Sq \
+            + tl.load(consts + 15)
         s_bound = e + eps_s * S_abs + tiny_s
         o_bound = e_out * (1.0 + eps_o) + eps_o * tl.abs(o) + tiny_o
 
@@ -210,7 +221,8 @@ def summary(views: dict[str, Any], got_state: torch.Tensor, got_out: torch.Tenso
     ds, do = got_state.dtype, got_out.dtype
     values = [scale, sc, _scale_ulp(sc), lb or 0.0, max(1.0, abs(lb or 0.0)),
               _eps(ds), _tiny(ds), _eps(do), _tiny(do), _half_max(ds), _half_max(do),
-              _gamma(K), torch.finfo(torch.float32).smallest_normal, 4 * _U32, L2NORM_EPS]
+              _gamma(K), torch.finfo(torch.float32).smallest_normal, 4 * _U32, L2NORM_EPS,
+              _underflow(K), 0.0 if gate_per_key else beta_rounding(views["b"].dtype)]
     # (not named ``params``: Triton's generated binder has a local of that name)
     consts = _consts(tuple(values), dev)
     part = torch.empty((B * HV * NVB, COLUMNS), dtype=torch.float64, device=dev)

@@ -6,17 +6,22 @@ Moves on layouts the contract accepts (valid rows are independent):
 * rows: keep one row (the failing one first), drop chunks of rows (halves first);
   rows made padding (index -1) with the slots they named dropped; unnamed slots dropped;
 * heads: keep a subset of value heads consistently (q/k/v segments of ``mixed_qkv``,
-  ``a``, ``b``, ``A_log``, ``dt_bias``, the state pool and ``out``); fewer key heads
-  (fewer GQA groups, value heads kept);
+  ``a``, ``b``, ``A_log``, ``dt_bias``, the state pool and ``out``), among them two
+  value heads of two key heads (H=2, HV=4: the fewest a GQA ratio shows on); fewer key
+  heads (fewer GQA groups, value heads kept);
 * trades that keep ``B * HV`` (what a grid of ``(.., B * HV)`` blocks needs) while
   shrinking the rest: value heads halved and rows doubled (each row's second half of
   heads becomes a row of its own, with a slot of its own), or the reverse;
 * fewer V and K channels, smallest first (powers of two only in ``pow2_variants``);
 
 on broken layouts: trailing batch rows and state slots dropped together; everywhere:
-flags off (``use_qk_l2norm_in_kernel=False``, ``lower_bound=None``), ``scale`` toward 1.0
-or ``K ** -0.5``, values toward simple ones (zero state and gates, unit or rounded
-activations: constant bases are stored as fills).
+the slots no row names zeroed (pool size and strides kept: a failure may need a pool past
+2^31 elements; the file stores them as one fill run), flags off
+(``use_qk_l2norm_in_kernel=False``, ``lower_bound=None``), ``scale`` toward 1.0, -1.0,
+``K ** -0.5`` or the nearest power of two, values toward simple ones (zero state and
+gates, unit activations, signs, small integers, few bits on a power-of-two grid:
+constant bases are stored as fills). Value and scalar moves keep every shape
+(``Move.same_shape``).
 
 ``gate_per_key``: the gates ``a`` ([B, HV*K]) and ``dt_bias`` ([HV*K]) have one value per
 value head and key channel (KDA); otherwise one per value head ([B, HV] and [HV], GDN).
@@ -24,16 +29,19 @@ value head and key channel (KDA); otherwise one per value head ([B, HV] and [HV]
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
-from ..case import Case
+from ..case import Case, TensorArg
 from ..shrink import (
     MAX_POSITIONS,
+    SENTINEL_OUTSIDE,
     SMALL_AXIS,
+    BaseMarks,
     CostModel,
     ShrinkContext,
 )
@@ -281,6 +289,14 @@ def _head_moves(st: _Step) -> Iterator[_Move]:
         g = h0 // per_q
         subsets.append(list(range(g * per_q, (g + 1) * per_q)))
         subsets.append([kh * per_q + h0 % per_q for kh in range(sz.H)])
+    if per_q >= 2 and (per_q > 2 or sz.H > 2):
+        # the fewest heads a GQA ratio shows on: two value heads of each of two key heads
+        # (H=2, HV=4), or of one (H=1, HV=2), the failing head's among them
+        g, j = h0 // per_q, h0 % per_q
+        offsets = sorted({j, (j + 1) % per_q})
+        pairs = [g, g + 1 if g + 1 < sz.H else g - 1] if sz.H > 1 else [g]
+        subsets.append(sorted(kh * per_q + o for kh in pairs for o in offsets))
+        subsets.append(sorted(g * per_q + o for o in offsets))
     half = sz.HV // 2
     subsets += [list(range(half)), list(range(half, sz.HV))]
     for keep in subsets:
@@ -486,7 +502,8 @@ def _scalar_moves(case: Case, size: float) -> Iterator[_Move]:
     s = case.scalars
 
     def move(label: str, **scalars: Any) -> _Move:
-        return _Move(label, lambda: _replace(case, scalars=scalars), size, True)
+        return _Move(label, lambda: _replace(case, scalars=scalars), size, True,
+                     same_shape=True)
 
     if s.get("use_qk_l2norm_in_kernel"):
         yield move("l2norm off", use_qk_l2norm_in_kernel=False)
@@ -495,14 +512,92 @@ def _scalar_moves(case: Case, size: float) -> Iterator[_Move]:
     scale = s.get("scale")
     if isinstance(scale, float) and scale != 1.0:
         yield move("scale 1.0", scale=1.0)
+        if scale == -1.0 or scale == 0.0:
+            return
         st = case.tensors.get("initial_state")
         K = st.shape[-1] if st is not None and st.shape else 0
         if K > 0 and scale != K**-0.5:
             yield move("scale K**-0.5", scale=float(K**-0.5))
+        if scale < 0:
+            yield move("scale -1.0", scale=-1.0)
+        if math.isfinite(scale):  # the magnitude kept, as the nearest power of two
+            p2 = math.copysign(2.0 ** round(math.log2(abs(scale))), scale)
+            if p2 != scale and p2 != 0.0 and math.isfinite(p2):
+                yield move(f"scale {p2!r} (a power of two)", scale=p2)
+
+
+# pool bases whose unnamed slots a move zeroed, with the slots named then
+_UNNAMED_ZEROED = BaseMarks()
+
+
+def _named_slots(case: Case) -> frozenset[int] | None:
+    st, idx = case.tensors.get("initial_state"), case.tensors.get("ssm_state_indices")
+    if st is None or idx is None or len(st.shape) != 4 or len(idx.shape) != 1 \
+            or st.device.type == "meta" or idx.device.type == "meta":
+        return None
+    n = st.shape[0]
+    return frozenset(i for i in _indices(case) if 0 <= i < n)
+
+
+def _unnamed_zeroed(case: Case, named: frozenset[int]) -> Case:
+    """Every slot no row names set to zero, with its padding cells (their only role:
+    bit-identical afterwards); the pool's size and strides and the named slots kept."""
+    st = case.tensors["initial_state"]
+    n = st.shape[0]
+    mask = torch.ones(n, dtype=torch.bool)
+    if named:
+        mask[torch.tensor(sorted(named))] = False
+    unnamed = mask.nonzero().squeeze(1).to(st.base.device)
+    if not unnamed.numel():
+        raise _Skip("every slot is named")
+    new = TensorArg(st.base.clone(), st.shape, st.stride, st.offset)
+    new.view()[unnamed] = 0
+    S0, inner = st.stride[0], math.prod(st.shape[1:])
+    dense = st.stride[1:] == (st.shape[2] * st.shape[3], st.shape[3], 1)
+    if dense and S0 > inner:  # their padding cells too: one stretch of zeros in the file
+        whole = min(n, (new.base.numel() - st.offset) // S0)
+        spans = new.base.as_strided((whole, S0), (S0, 1), st.offset)
+        spans[unnamed[unnamed < whole]] = 0
+    if st.base in SENTINEL_OUTSIDE:
+        SENTINEL_OUTSIDE.add(new.base)
+    _UNNAMED_ZEROED.add(new.base, named)
+    return _replace(case, {"initial_state": new})
+
+
+VALUE_TENSORS = ("mixed_qkv", "initial_state", "a", "b", "dt_bias", "A_log")
+SMALL_INTEGER = 4  # values toward the integers -4..4
+
+
+def _signs(x: torch.Tensor) -> torch.Tensor:
+    """0 and +-1."""
+    return torch.sign(torch.nan_to_num(x.double()))
+
+
+def _small_integers(x: torch.Tensor) -> torch.Tensor:
+    return torch.nan_to_num(x.double()).round().clamp(-SMALL_INTEGER, SMALL_INTEGER)
+
+
+def _power_of_two_grid(x: torch.Tensor) -> torch.Tensor:
+    """Small integers times one power of two near the largest magnitude (tiny or huge
+    values keep their scale: 1e-15 becomes a few multiples of 2^-52)."""
+    v = torch.nan_to_num(x.double(), nan=0.0, posinf=0.0, neginf=0.0)
+    top = float(v.abs().max()) if v.numel() else 0.0
+    if top == 0.0:
+        return v
+    unit = 2.0 ** (math.floor(math.log2(top)) - 1)
+    return (v / unit).round() * unit
 
 
 def _value_moves(case: Case, costs: CostModel, size: float) -> Iterator[_Move]:
     t = case.tensors
+    named = _named_slots(case)
+    st = t.get("initial_state")
+    if named is not None and st is not None and len(named) < st.shape[0] \
+            and _UNNAMED_ZEROED.get(st.base) != named:
+        share = 1 - len(named) / st.shape[0]
+        yield _Move(f"initial_state: the {st.shape[0] - len(named)} unnamed slot(s) zeroed",
+                    lambda: _unnamed_zeroed(case, named), size - costs.encoded(st) * share,
+                    True, same_shape=True)
     plans: list[tuple[str, str, Callable[[torch.Tensor], torch.Tensor]]] = [
         ("initial_state", "zero", torch.zeros_like),
         ("a", "zero", torch.zeros_like),
@@ -510,10 +605,13 @@ def _value_moves(case: Case, costs: CostModel, size: float) -> Iterator[_Move]:
         ("A_log", "zero", torch.zeros_like),
         ("b", "zero", torch.zeros_like),
         ("mixed_qkv", "ones", torch.ones_like),
+        *((n, "signs", _signs) for n in ("mixed_qkv", "initial_state")),
+        *((n, "small integers", _small_integers) for n in VALUE_TENSORS),
         ("mixed_qkv", "rounded to halves",
          lambda x: torch.nan_to_num((x.double() * 2).round() / 2)),
         ("initial_state", "rounded to halves",
          lambda x: torch.nan_to_num((x.double() * 2).round() / 2)),
+        *((n, "on a grid of a power of two", _power_of_two_grid) for n in VALUE_TENSORS),
     ]
     def build(name: str, fn: Callable[[torch.Tensor], torch.Tensor]) -> Case:
         vals = fn(t[name].view())
@@ -527,7 +625,7 @@ def _value_moves(case: Case, costs: CostModel, size: float) -> Iterator[_Move]:
             continue
         const = label in ("zero", "ones")  # a constant view: a fill or nearly
         yield _Move(f"{name} {label}", lambda name=name, fn=fn: build(name, fn),
-                    size - costs.encoded(arg) if const else size, True)
+                    size - costs.encoded(arg) if const else size, True, same_shape=True)
 
 
 class PackedDecodeShrinker:

@@ -1,0 +1,82 @@
+"""Findings are saved small at any scale (issue 22, part 3): cells whose only role is
+"unchanged after the call" become fills, the minimizer keeps what the failure needs (a
+pool past a size) and shrinks the rest; a finding is never dropped for its size."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from kda_fuzz import corpus
+from kda_fuzz.contracts import get_contract
+from kda_fuzz.contracts.kda_layouts import KdaLayout, build
+from kda_fuzz.corpus import load_case, save_failure
+from kda_fuzz.minimize import minimize_with_verdict
+from kda_fuzz.oracle import run_case
+from kda_fuzz.runner import Failure
+from kda_fuzz_kernels.kda_decode import reference_kda_packed_decode
+from tests import planted
+
+KDA = get_contract("kda")
+MiB = 1 << 20
+
+
+def _found(case, target, name: str, tmp_path: Path, seconds: float = 60.0) -> tuple[Path, object]:
+    outcome = run_case(KDA, case, target)
+    assert outcome.status == "fail", outcome
+    small, verdict = minimize_with_verdict(KDA, case, target, outcome.verdict, seconds=seconds)
+    failure = Failure(small, verdict, f"tests.planted:{name}")
+    path = save_failure(failure, tmp_path, contract=KDA, seed=0)
+    return path, verdict
+
+
+def _replays(path: Path, target) -> tuple[str, str]:
+    case, _, _ = load_case(path)
+    return (run_case(KDA, case, target).status,
+            run_case(KDA, case, reference_kda_packed_decode).status)
+
+
+def test_a_write_into_an_unnamed_slot_saves_small(tmp_path: Path) -> None:
+    """The issue's vLLM case at CPU scale: B=64, 71 slots, HV=8, V=48, K=100, fp32 pool
+    (10.9 MB of random state) with a write into a slot no row names."""
+    p = KdaLayout(B=64, H=2, HV=8, K=100, V=48, spare_slots=7, qkv_row_pad=3, slot_pad=5,
+                  guard=2, seed=3)
+    case = build(p, "triton")
+    assert case.tensors["initial_state"].base.numel() * 4 > 10 * MiB
+    path, verdict = _found(case, planted.writes_unnamed_slot, "writes_unnamed_slot", tmp_path)
+    assert verdict.what == "untouched-state-written"
+    assert path.stat().st_size < MiB // 16, path.stat().st_size
+    assert _replays(path, planted.writes_unnamed_slot) == ("fail", "pass")
+
+
+def test_a_failure_that_needs_a_big_pool_keeps_it_and_saves_small(tmp_path: Path) -> None:
+    """An offset that wraps past 2^22 elements (the CPU stand-in for int32's 2^31): the
+    pool must stay past it, the slots no row names become one fill."""
+    HV, V, K = 2, 16, 16
+    slots = planted.WRAP // (HV * V * K) + 40
+    p = KdaLayout(B=8, H=1, HV=HV, K=K, V=V, spare_slots=slots - 8, seed=5)
+    case = build(p, "triton")
+    # the rows name the top slots, as the scale stratum draws them
+    idx = case.tensors["ssm_state_indices"]
+    idx.view().copy_(torch.arange(slots - 1, slots - 9, -1, dtype=idx.dtype))
+    assert case.tensors["initial_state"].base.numel() * 4 > 16 * MiB
+    path, _ = _found(case, planted.wraps_past_2_22, "wraps_past_2_22", tmp_path)
+    kept, _, _ = load_case(path)
+    pool = kept.tensors["initial_state"]
+    assert pool.shape[0] * pool.stride[0] > planted.WRAP  # what the failure needs
+    assert path.stat().st_size < MiB // 8, path.stat().st_size
+    assert _replays(path, planted.wraps_past_2_22) == ("fail", "pass")
+
+
+def test_a_finding_over_the_cap_is_saved_and_says_so(tmp_path: Path, monkeypatch) -> None:
+    case = build(KdaLayout(B=4, H=1, HV=2, K=16, V=16, spare_slots=2, seed=1), "triton")
+    outcome = run_case(KDA, case, planted.writes_unnamed_slot)
+    assert outcome.status == "fail"
+    monkeypatch.setattr(corpus, "MAX_SAVED_BYTES", 1024)
+    failure = Failure(case, outcome.verdict, "tests.planted:writes_unnamed_slot")
+    path = save_failure(failure, tmp_path, contract=KDA, seed=0)
+    assert path.exists() and path.stat().st_size > 1024
+    assert failure.note.startswith("saved at ") and "MiB cap: no smaller case reproduced it" \
+        in failure.note, failure.note
+    assert "over the size cap" in load_case(path)[2]["description"]
