@@ -82,7 +82,7 @@ def test_check_now_accepting_is_stale(tmp_path: Path,
     path.write_text(json.dumps(doc))
     code, out = _replay(path, capsys)
     assert code == 1 and out["files"][0]["status"] == "STALE"
-    assert "accepts the layout" in out["files"][0]["reason"]
+    assert "recorded as a valid layout" in out["files"][0]["reason"]
 
 
 def test_pytest_item_reports_stale(tmp_path: Path, pytester: pytest.Pytester) -> None:
