@@ -84,7 +84,8 @@ def describe(entry: Entry, target: str | None = None, config: Config | None = No
         lines.append("  verdict:     none recorded (a hand-made regression)")
     origin = meta.get("origin") or {}
     if origin:
-        lines.append("  recorded:    " + ", ".join(f"{k} {v}" for k, v in sorted(origin.items())))
+        lines.append("  recorded:    " + ", ".join(f"{k} {v}" for k, v in sorted(origin.items())
+                                                  if v is not None))
     versions = meta.get("versions") or {}
     if versions:
         lines.append("  versions:    " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items())
@@ -123,6 +124,7 @@ the same case through kda-fuzz's oracle and exits 1 if the target still fails it
 
 import base64
 import importlib
+import os
 import sys
 import zlib
 
@@ -170,6 +172,8 @@ def load_target():
             execution.configure_cpu()
     except ImportError:
         pass
+    if os.getcwd() not in sys.path:  # MODULE:CALLABLE relative to where it runs, as kda-fuzz
+        sys.path.insert(0, os.getcwd())
     module, _, attr = TARGET.partition(":")
     fn = importlib.import_module(module)
     for part in attr.split("."):
