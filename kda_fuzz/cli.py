@@ -689,7 +689,7 @@ def _replay(args: argparse.Namespace) -> int:
     or ``--contract`` says otherwise, against ``--target``, else the project's configured
     targets for the file's family and variant, else kda-fuzz's own kernels."""
     from .config import choose_targets
-    from .replay import replay_command
+    from .replay import replay_paths
 
     if args.timeout <= 0:
         raise UsageError("--timeout must be positive")
@@ -714,7 +714,7 @@ def _replay(args: argparse.Namespace) -> int:
         return choose_targets(cfg, family, variant, args.target or (),
                               CONTRACTS[family].default_targets.get(variant, ()))
 
-    return replay_command(args.paths, targets, family=family, variant=args.contract,
+    return replay_paths(args.paths, targets, family=family, variant=args.contract,
                           device=args.device, as_json=args.json, timeout=args.timeout,
                           verbose=args.verbose)
 

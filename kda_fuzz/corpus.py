@@ -52,11 +52,13 @@ is built. Decompression stops at the byte count the header announces, so a strea
 inflates to more (a zip bomb) is rejected without being inflated. A bad file raises
 :class:`CorpusError` naming the file.
 
-Replay: the target always comes from the command line (or the project's kernels),
-never from the file. A file passes when the target now does what the contract
-prescribes (``run_case`` status ``pass``, or ``gap``/``skip``). The contract variant is
-the file's own unless ``--contract`` is given explicitly: the variant on the command
-line describes the targets being replayed (e.g. the torch reference implements the
+Replay (:mod:`kda_fuzz.replay`, the one replay path; this module runs one entry by its
+kind, :func:`replay_entry`, and holds the one stale rule, :func:`stale_reason`): the
+target always comes from the command line or the project's configuration (or the
+project's kernels), never from the file. A file passes when the target now does what
+the contract prescribes (``run_case`` status ``pass``, or ``gap``/``skip``). The family
+and variant are the file's own unless given explicitly: the variant on the command line
+describes the targets being replayed (e.g. the torch reference implements the
 ``triton`` variant), so it wins, with a note when it differs from the file's.
 """
 
@@ -881,35 +883,3 @@ def corpus_files(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
         else:
             raise FileNotFoundError(f"no such file or folder: {p}")
     return list(dict.fromkeys(found))
-
-
-def replay_file(path: Path, contract: Contract | None, variant: str | None,
-                targets: Sequence[Any] | Callable[[str], Sequence[Any]] | None, *,
-                device: str = "cpu", timeout: float = HARD_TIMEOUT,
-                note: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """:func:`kda_fuzz.replay.replay` of one file as a JSON-able record (kept for its
-    callers): ``contract`` ``None`` replays the file under its own family; ``targets`` a
-    function of the variant, loaded targets, or ``None`` (the contract's own kernels)."""
-    from .replay import replay
-
-    chooser = (lambda _family, v: targets(v)) if callable(targets) else targets
-    rec = replay(path, chooser, family=contract.name if contract is not None else None,
-                 variant=variant, device=device, timeout=timeout)
-    if note is not None and rec.entry is not None and rec.variant != rec.file_variant \
-            and rec.variant is not None:
-        note(f"note: {path} was recorded for the {rec.file_variant} variant; judging it "
-             f"under {rec.variant} (--contract)")
-    return rec.to_json()
-
-
-def replay_command(contract: Contract | None, variant: str | None,
-                   targets: Sequence[Any] | Callable[[str], Sequence[Any]] | None,
-                   paths: Sequence[str], *, device: str = "cpu", as_json: bool = False,
-                   timeout: float = HARD_TIMEOUT, verbose: bool = False) -> int:
-    """``kda-fuzz replay`` (:func:`kda_fuzz.replay.replay_command`, kept for its callers)."""
-    from .replay import replay_command as command
-
-    chooser = (lambda _family, v: targets(v)) if callable(targets) else targets
-    return command(paths, chooser, family=contract.name if contract is not None else None,
-                   variant=variant, device=device, as_json=as_json, timeout=timeout,
-                   verbose=verbose)

@@ -14,7 +14,9 @@ what the contract prescribes for its case now differs from what the entry record
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -26,6 +28,8 @@ from .contracts import get_contract
 from .corpus import (
     HARD_TIMEOUT,
     CorpusError,
+    _jsonable,
+    corpus_files,
     load_case,
     parse_case,
     passed,
@@ -86,8 +90,6 @@ class TargetResult:
         return v.summary() if v is not None else self.outcome.status
 
     def to_json(self) -> dict[str, Any]:
-        from .corpus import _jsonable
-
         r: dict[str, Any] = {"target": self.target, "status": self.outcome.status}
         if self.outcome.verdict is not None:
             r["verdict"] = _jsonable(self.outcome.verdict.to_json())
@@ -266,18 +268,13 @@ def replay(entry: Entry | str | os.PathLike[str],
 DETAIL_WIDTH = 240  # characters of a failure's detail ``kda-fuzz replay`` prints per target
 
 
-def replay_command(paths: Sequence[str], targets: Sequence[Target] | Chooser | None = None,
+def replay_paths(paths: Sequence[str], targets: Sequence[Target] | Chooser | None = None,
                    *, family: str | None = None, variant: str | None = None,
                    device: str = "cpu", as_json: bool = False, timeout: float = HARD_TIMEOUT,
                    verbose: bool = False) -> int:
     """``kda-fuzz replay``: 0 when every file passes, 1 on any failure, stale or bad file,
     2 on usage errors (a path that does not exist, no corpus file found). Details are cut
     at a word boundary unless ``verbose``."""
-    import json
-    import sys
-
-    from .corpus import corpus_files
-
     try:
         files = corpus_files(paths)
     except FileNotFoundError as e:
@@ -325,3 +322,15 @@ def replay_command(paths: Sequence[str], targets: Sequence[Target] | Chooser | N
               f"failed{stale}, {counts['ERROR']} bad"
               + ("; details cut at a word boundary: --verbose shows them whole" if cut else ""))
     return code
+
+
+def replay_command(contract: Contract | None, variant: str | None,
+                   targets: Sequence[Target] | Callable[[str], Sequence[Target]] | None,
+                   paths: Sequence[str], *, device: str = "cpu", as_json: bool = False,
+                   timeout: float = HARD_TIMEOUT) -> int:
+    """:func:`replay_paths` under the signature ``kda_fuzz.corpus.replay_command`` had:
+    ``contract`` ``None`` replays each file under its own family; ``targets`` a function
+    of the variant, loaded targets, or ``None`` (the contract's own kernels)."""
+    chooser: Any = (lambda _family, v: targets(v)) if callable(targets) else targets
+    return replay_paths(paths, chooser, family=contract.name if contract is not None else None,
+                        variant=variant, device=device, as_json=as_json, timeout=timeout)

@@ -24,6 +24,7 @@ from .config import Config, choose_targets, recorded_targets
 from .contracts import get_contract
 from .corpus import DTYPE_NAMES, CorpusError, _le_bytes, replay_command_line
 from .oracle import expectation
+from .progress import layout_of
 from .replay import Entry, load_entry
 
 
@@ -62,8 +63,6 @@ def script_target(entry: Entry, target: str | None, config: Config | None) -> st
 
 def describe(entry: Entry, target: str | None = None, config: Config | None = None) -> str:
     """The human-readable account of a corpus file."""
-    from .progress import layout_of
-
     case, meta, verdict = entry.case, entry.meta, entry.verdict
     contract = get_contract(case.contract)
     lines = [f"{entry.name}",

@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, given, settings
 
 from kda_fuzz.case import Case
 from kda_fuzz.contracts import get_contract
-from kda_fuzz.corpus import load_case, replay_command, save_case, stale_reason
+from kda_fuzz.corpus import load_case, save_case, stale_reason
+from kda_fuzz.replay import replay_command
 from kda_fuzz.targets import load_target
 
 pytest_plugins = ["pytester"]
