@@ -29,10 +29,12 @@ In a project that opts in:
   file name), marked ``corpus`` (and ``gpu`` on a cuda session). The folders are those of
   ``corpus`` in ``[tool.kda-fuzz]`` (default ``["corpus"]``, relative to pyproject.toml)
   and of the ``kda_fuzz_corpus`` ini key; with neither, ``corpus/`` in the rootdir.
-  A bad file is a failing item naming the file. ``crash-``, ``timeout-`` and ``flaky-``
-  files run in a worker process (``corpus.replay_entry``, as ``kda-fuzz replay`` does): a
-  target that still aborts fails its own item; one that runs past
-  ``--kda-corpus-timeout`` seconds (default 60) is a hang.
+  A bad file is a failing item naming the file. Each item is replayed by
+  :func:`kda_fuzz.replay.replay`, as ``kda-fuzz replay`` replays a file (the item only
+  formats its record; the first line of a failure, which pytest's short summary shows,
+  names it: ``mismatch/out-value on mypkg:kernel``). ``crash-``, ``timeout-`` and
+  ``flaky-`` files run in a worker process: a target that still aborts fails its own
+  item; one that runs past ``--kda-corpus-timeout`` seconds (default 60) is a hang.
 
 Many machines: ``--kda-shard I/N`` runs shard I of N of the session's tests (the collected
 items in node-id order, every N-th from the I-th; the others are deselected), so N CI
