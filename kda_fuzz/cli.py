@@ -475,8 +475,8 @@ def _fuzz(args: argparse.Namespace) -> int:
         if early is not None:
             early.abort()
         raise
-    print(_start_line(args, jobs), file=sys.stderr)
     db = _example_db(args, contract, [*targets, *peers])
+    print(_start_line(args, jobs), file=sys.stderr)
     report_notes = []
     if not args.device.startswith("cuda") and not (args.budget or args.max_b) \
             and not _own_kernels(targets, contract, args.contract):

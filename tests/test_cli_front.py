@@ -240,10 +240,13 @@ def test_pytest_short_summary_names_the_failure(pytester: pytest.Pytester) -> No
     shutil.copy(SEED / "mismatch-71ad9b13ac4af176.json", pytester.path / "corpus")
     for var in ("TRITON_INTERPRET", "KDA_FUZZ_CPU_MODE", "KDA_FUZZ_PROFILE"):
         pytester._monkeypatch.delenv(var, raising=False)
+    # pytest trims the line to the terminal (the node id alone is 77 characters); on CI
+    # (the CI variable set) it prints it whole
+    pytester._monkeypatch.setenv("COLUMNS", "200")
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rf")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["FAILED corpus/mismatch-71ad9b13ac4af176.json* - "
-                                 "mismatch/out-* on mykern:decode*"])
+                                 "mismatch/padding-row-not-zero on mykern:decode"])
 
 
 def test_the_summary_table_does_not_cut_target_names() -> None:
@@ -323,3 +326,29 @@ def test_argparse_namespace_of_old_callers_still_works() -> None:
                 budget=None, scale_share=None, scale_budget=None)
     assert _shaping(argparse.Namespace(**base))["families"] == 8
     assert _shaping(argparse.Namespace(**{**base, "families": 3}))["families"] == 3
+
+
+def test_the_example_database_replays_through_the_replay_path(tmp_path: Path) -> None:
+    from hypothesis.database import DirectoryBasedExampleDatabase
+
+    from kda_fuzz.contracts import get_contract
+    from kda_fuzz.exampledb import campaign_key, replay_stored, secondary
+    from kda_fuzz.targets import load_target
+
+    db = DirectoryBasedExampleDatabase(str(tmp_path / "db"))
+    key = campaign_key("kda", "triton", ["tests.mutants:pad_wrap"])
+    db.save(key, KDA_FILE.read_bytes())
+    stale = json.loads(BROKEN.read_text())
+    stale["verdict"]["check"], stale["verdict"]["message"] = 11, "an older wording"
+    db.save(key, json.dumps(stale).encode())
+    kda = get_contract("kda")
+    buggy = [load_target("tests.mutants:pad_wrap")]
+    replay = replay_stored(db, "dir", key, kda, "triton", buggy, isolate=False)
+    assert [f.verdict.what for f in replay.failures] == ["untouched-state-written"]
+    assert len(replay.stale) == 1 and "recorded: raises check 11" in replay.stale[0]
+    assert len(list(db.fetch(key))) == 1 and len(list(db.fetch(secondary(key)))) == 1
+    fixed = [load_target(REFERENCE)]
+    fixed[0] = type(fixed[0])("tests.mutants:pad_wrap", fixed[0].fn)
+    replay = replay_stored(db, "dir", key, kda, "triton", fixed, isolate=False)
+    assert (replay.passed, replay.failures) == (1, [])
+    assert list(db.fetch(key)) == []
