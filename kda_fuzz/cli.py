@@ -332,12 +332,6 @@ def _config() -> Any:
         raise UsageError(str(e)) from e
 
 
-def _targets(args: argparse.Namespace, contract: Any) -> list[Any]:
-    """``--target``, else the project's configured targets for the variant, else the
-    contract's own kernels."""
-    return _loaded(_target_specs(args, contract)[0], contract)
-
-
 def _loaded(specs: list[str], contract: Any) -> list[Any]:
     """Each ``MODULE:CALLABLE`` imported and checked against the contract's signature
     (a usage error when one cannot be)."""
@@ -370,8 +364,8 @@ def _scale_figures(report: Any) -> str:
 def _target_specs(args: argparse.Namespace, contract: Any) -> tuple[list[str], list[str]]:
     """The ``MODULE:CALLABLE`` names of the targets and peers (nothing imported), as
     :func:`_choose` chose them."""
-    specs = list(args.chosen.targets.specs) if getattr(args, "chosen", None) else \
-        _choose(args).targets.specs
+    chosen = getattr(args, "chosen", None) or _choose(args)
+    specs = chosen.targets.specs
     return list(specs), list(getattr(args, "peer", None) or ())  # replay has no --peer
 
 
