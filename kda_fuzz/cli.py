@@ -1,4 +1,4 @@
-"""The ``kda-fuzz`` command line: ``fuzz`` campaigns, corpus ``replay`` and ``merge``."""
+"""The ``kda-fuzz`` command line: fuzz campaigns, corpus replay, merge and show."""
 
 from __future__ import annotations
 
@@ -13,149 +13,326 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .contract import Sizing
-from .oracle import EnvironmentFailure
+from .names import DEFAULT_FAMILY, FAMILIES, VARIANTS, check_variant
+
+# Nothing heavy (torch, the contracts, the kernels) is imported above this line or before
+# the arguments are parsed and checked: a usage error or --help answers at once.
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 DEFAULT_CORPUS = os.path.join("corpus", "found")  # collected by the pytest plugin
 STARTED = time.monotonic()  # the command's start: --max-seconds counts from here
 WRAP_UP_SECONDS = 3.0  # at most: the campaign stops drawing this long before --max-seconds
 
+DESCRIPTION = """\
+Differential fuzzing and regression tests for packed KDA/GDN decode kernels.
+Run `kda-fuzz COMMAND --help` for a command's options and examples.
+
+Exit status: 0 nothing found, 1 a failure (or a bad corpus file), 2 a usage error or a
+failure of kda-fuzz's own machinery (never a verdict on the kernel).
+Terms (hole, stratum, variant, family, ...): see the glossary in the README."""
+
+FUZZ_EXAMPLES = """\
+examples:
+  kda-fuzz fuzz                                    # the project's configured targets
+  kda-fuzz fuzz --target mypkg.decode:kernel --contract triton --max-examples 1000
+  kda-fuzz fuzz --family gdn --device cuda --max-seconds 600 --report out/
+
+terms: a *family* is a kernel contract (kda, gdn); a *variant* one of its contracts
+(helion, triton); a *stratum* a share of the plan (valid layouts, each breakage, the
+GPU-scale stratum of very large launches); a *hole* a broken layout the documented
+checks let through. See the README's glossary."""
+
+REPLAY_EXAMPLES = """\
+examples:
+  kda-fuzz replay corpus                            # each file under its own family
+  kda-fuzz replay --target mypkg.decode:kernel --contract triton corpus/found
+  kda-fuzz replay --verbose --json corpus/contract-aa883986dd44afc4.json"""
+
+SHOW_EXAMPLES = """\
+examples:
+  kda-fuzz show corpus/contract-aa883986dd44afc4.json
+  kda-fuzz show --python corpus/found/mismatch-0123456789abcdef.json > repro.py"""
+
 
 class UsageError(Exception):
     """Bad command line or target: exit 2 with a one-line reason."""
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", action="append", metavar="MODULE:CALLABLE",
+class _Deprecated(argparse.Action):
+    """An old option name: stores into the new one's destination and says so."""
+
+    def __init__(self, *args: Any, new: str = "", **kw: Any) -> None:
+        self.new = new
+        super().__init__(*args, **kw)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        print(f"kda-fuzz: {option_string} is deprecated: use {self.new}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {n}")
+    return n
+
+
+def _targets_group(p: argparse.ArgumentParser, replay: bool) -> argparse._ArgumentGroup:
+    g = p.add_argument_group("targets")
+    g.add_argument("--target", action="append", metavar="MODULE:CALLABLE",
                    help="callable under test, with the contract's signature (repeatable; "
-                        "default: the project's kernels for the contract)")
-    p.add_argument("--contract", default=None,
-                   help="contract variant (kda: helion = checks 1-22, triton = no check 14; "
-                        "gdn: triton = the documented checks, helion = plus power-of-two K "
-                        "and V); fuzz default: the family's first (kda: helion, gdn: "
-                        "triton); replay default: each file's own variant")
-    p.add_argument("--family", default="kda", help="kernel family contract (default: kda)")
-    p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
-    p.add_argument("--json", action="store_true",
+                        "default: the targets of [tool.kda-fuzz.targets.FAMILY] in the "
+                        "project's pyproject.toml, else kda-fuzz's own kernels)")
+    g.add_argument("--family", default=None, choices=tuple(FAMILIES),
+                   help="kernel family: its contract and arguments (default: "
+                        + ("each file's own" if replay else
+                           "the one the project configures targets for, else "
+                           f"{DEFAULT_FAMILY}") + ")")
+    g.add_argument("--contract", default=None, choices=VARIANTS, metavar="VARIANT",
+                   help="contract variant, {" + ",".join(VARIANTS) + "} (kda: helion = "
+                        "checks 1-22, triton = no check 14; gdn: triton = the documented "
+                        "checks, helion = plus power-of-two K and V); default: "
+                        + ("each file's own variant" if replay else
+                           "the one the project configures targets for (several: say "
+                           "which), else the family's first (kda: helion, gdn: triton)"))
+    return g
+
+
+def _output_group(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    g = p.add_argument_group("output")
+    g.add_argument("--json", action="store_true",
                    help="print one JSON summary object as the last line of stdout")
+    return g
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``kda-fuzz``."""
-    parser = argparse.ArgumentParser(prog="kda-fuzz", description=__doc__)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    f = sub.add_parser("fuzz", help="run a fuzz campaign against a target")
-    _common(f)
-    f.add_argument("--max-examples", type=int, default=300,
+def _device(g: argparse._ArgumentGroup) -> None:
+    g.add_argument("--device", default="cpu", metavar="cpu|cuda[:N]",
+                   help="device the cases run on (default: cpu)")
+
+
+def _fuzz_parser(sub: Any) -> None:
+    f = sub.add_parser("fuzz", help="run a fuzz campaign against a target",
+                       description="Run a fuzz campaign: valid layouts held to the reference,\n"
+                                   "broken layouts held to the contract's checks.",
+                       epilog=FUZZ_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    t = _targets_group(f, replay=False)
+    t.add_argument("--peer", action="append", metavar="MODULE:CALLABLE",
+                   help="peer mode: also judge this implementation and compare the first "
+                        "target's outputs with it on every accepted layout (repeatable)")
+    t.add_argument("--messages", choices=("exact", "class"), default="exact",
+                   help="exact (default): a broken layout must raise the contract's "
+                        "exception with the documented message of the first failing check; "
+                        "class: any message of the right exception type passes and wording "
+                        "differences are only counted (check order cannot be judged then)")
+    t.add_argument("--strict", action="store_true",
+                   help="hold targets to the hardened contract: degenerate layouts that the "
+                        "documented checks let through (holes: HV = 0, V = 0) must raise too")
+    c = f.add_argument_group("campaign")
+    c.add_argument("--max-examples", type=int, metavar="N", default=300,
                    help="examples in the campaign (default 300); every stratum takes "
                         "its turns from the start, in proportion to its share")
-    f.add_argument("--seed", type=int, default=None, help="seed for a reproducible campaign")
-    f.add_argument("--corpus", default=None, metavar="DIR",
+    c.add_argument("--seed", type=int, metavar="N", default=None,
+                   help="seed for a reproducible campaign")
+    c.add_argument("--max-seconds", type=float, metavar="S", default=None,
+                   help="the command's wall time (start-up, campaign, minimization and "
+                        "saving share it): it ends within max(5 s, 5 %%) of it, every "
+                        "confirmed failure saved (unminimized, and marked so, where "
+                        "minimization was cut short; default: none)")
+    c.add_argument("--max-failures", type=int, default=20, metavar="N",
+                   help="stop after N distinct failures (default 20); repeats of a known "
+                        "failure are counted, not kept")
+    c.add_argument("--valid-share", type=float, metavar="X", default=0.5,
+                   help="share of examples spent on valid layouts (default 0.5); the rest "
+                        "go to the breakage strata")
+    c.add_argument("--shrink-seconds", type=float, metavar="S", default=30.0,
+                   help="time allowed to minimize each distinct failure (default 30)")
+    c.add_argument("--shard", default=None, metavar="I/N",
+                   help="run shard I of N of the campaign: N shards of --max-examples each "
+                        "split one campaign of N times the examples (same --seed, default "
+                        "0, and options), each example run by exactly one shard")
+    c.add_argument("--example-db", default=None, metavar="URL",
+                   help="shared example database: redis://host:port/db or a folder "
+                        "(default: example_db of [tool.kda-fuzz]); its stored failures are "
+                        "replayed first, this run's new ones stored")
+    c.add_argument("--layout", action="append", default=[], metavar="SPEC|NAME",
+                   help="pin a layout the deployment serves, e.g. 'H=16,HV=32,K=128,V=128,"
+                        "state=bfloat16' ('|' lists values: 'B=1|8|64'), or the NAME of a "
+                        "preset in [tool.kda-fuzz.layouts] (repeatable); --layout-share of "
+                        "the valid examples go to the pins (all else drawn around them), "
+                        "the rest to the whole space")
+    c.add_argument("--layout-share", type=float, metavar="X", default=0.75,
+                   help="share of the valid examples spent on --layout pins (default 0.75)")
+    t.add_argument("--unsupported", action="append", default=[],
+                   metavar="FEATURE|FIELD=VALUE",
+                   help="what the targets do not support, never drawn for them: lower_bound, "
+                        "strides, padding, l2norm, or one value (state=float16, "
+                        "indices=int64, l2norm=False); repeatable; also from a target's "
+                        "kda_fuzz_unsupported attribute and [tool.kda-fuzz.unsupported]")
+    z = f.add_argument_group("sizes")
+    z.add_argument("--budget", type=int, metavar="N", default=None,
+                   help="max B*HV*V*K elements per valid case (default: 2^18 on cpu, "
+                        "2^13 for the project's interpreted kernels, 2^24 on cuda)")
+    z.add_argument("--max-b", type=int, metavar="N", default=None,
+                   help="largest batch size (default: 256 on cpu, 64 for the project's "
+                        "interpreted kernels, 16384 on cuda)")
+    z.add_argument("--scale-share", type=float, metavar="X", default=None,
+                   help="share of examples in the GPU-scale stratum (B*HV past 65,535, "
+                        "state pools past 2^31 elements; default 0.03 on cuda, 0 on cpu); "
+                        "with --max-seconds it takes at most a tenth of the time, or its "
+                        "share if larger")
+    z.add_argument("--scale-budget", type=int, default=None, metavar="BYTES",
+                   help="device bytes per scale case (default: 0.8 of the device's free "
+                        "memory, split between the jobs)")
+    g = f.add_argument_group("GPU")
+    _device(g)
+    g.add_argument("--compile-groups", dest="families", type=int, default=None, metavar="N",
+                   help="spend valid examples in N groups of one fixed shape, dtype and "
+                        "strides each, so a kernel compiles once per group (default: 8 on "
+                        "cuda, 0 = every example drawn freely on cpu)")
+    g.add_argument("--families", dest="families", type=int, action=_Deprecated,
+                   new="--compile-groups", help=argparse.SUPPRESS)
+    g.add_argument("--no-bucket", action="store_true",
+                   help="do not round B up to powers of four with padding rows on cuda")
+    i = f.add_argument_group("isolation")
+    i.add_argument("--jobs", "-j", default=None, metavar="N|auto",
+                   help="run the campaign's plan as N supervised processes, each with its "
+                        "share of the breakage strata and compile groups (auto: 8 per GPU "
+                        "on cuda, one per core on cpu; default: auto on cuda, 1 on cpu)")
+    i.add_argument("--timeout", type=float, default=60.0, metavar="S",
+                   help="seconds a target may take on one case before it counts as a hang "
+                        "(default 60)")
+    i.add_argument("--no-isolate", action="store_true",
+                   help="no flight record: with one job, run targets in this process; with "
+                        "--jobs N, a crash or hang of a target ends the run (default: "
+                        "isolated; a crash costs one restart of a job)")
+    o = _output_group(f)
+    o.add_argument("--corpus", default=None, metavar="DIR",
                    help="save each minimized failing case into DIR as soon as it is "
                         "confirmed (also on SIGINT/SIGTERM, which end the campaign with a "
                         "partial summary, exit 130/143), where pytest replays it "
                         "(default: FOLDER/found for the first corpus folder of the "
                         "project's [tool.kda-fuzz] table, else corpus/found, relative to "
                         "the current directory)")
-    f.add_argument("--report", default=None, metavar="DIR",
-                   help="write a self-contained HTML campaign report into DIR (checks hit, "
-                        "failures, error budget, throughput)")
-    f.add_argument("--no-save", action="store_true",
+    o.add_argument("--no-save", action="store_true",
                    help="do not save failing cases into a corpus (an isolated target's case "
                         "in flight still goes to a temporary folder)")
-    f.add_argument("--budget", type=int, default=None,
-                   help="max B*HV*V*K elements per valid case (default: 2^18 on cpu, "
-                        "2^13 for the project's interpreted kernels, 2^24 on cuda)")
-    f.add_argument("--families", type=int, default=None,
-                   help="spend valid examples family by family (fixed shapes, dtypes, "
-                        "strides): fewer compiles (default: 0 on cpu, 8 on cuda)")
-    f.add_argument("--max-b", type=int, default=None,
-                   help="largest batch size (default: 256 on cpu, 64 for the project's "
-                        "interpreted kernels, 16384 on cuda)")
-    f.add_argument("--no-bucket", action="store_true",
-                   help="do not round B up to powers of four with padding rows on cuda")
-    f.add_argument("--valid-share", type=float, default=0.5,
-                   help="share of examples spent on valid layouts (default 0.5)")
-    f.add_argument("--scale-share", type=float, default=None,
-                   help="share of examples in the GPU-scale stratum (B*HV past 65,535, "
-                        "state pools past 2^31 elements; default 0.03 on cuda, 0 on cpu); "
-                        "with --max-seconds it takes at most a tenth of the time, or its "
-                        "share if larger")
-    f.add_argument("--scale-budget", type=int, default=None, metavar="BYTES",
-                   help="device bytes per scale case (default: 0.8 of the device's free "
-                        "memory, split between the jobs)")
-    f.add_argument("--layout", action="append", default=[], metavar="SPEC|NAME",
-                   help="pin a layout the deployment serves, e.g. 'H=16,HV=32,K=128,V=128,"
-                        "state=bfloat16' ('|' lists values: 'B=1|8|64'), or the NAME of a "
-                        "preset in [tool.kda-fuzz.layouts] (repeatable); --layout-share of "
-                        "the valid examples go to the pins (all else drawn around them), "
-                        "the rest to the whole space")
-    f.add_argument("--layout-share", type=float, default=0.75,
-                   help="share of the valid examples spent on --layout pins (default 0.75)")
-    f.add_argument("--unsupported", action="append", default=[],
-                   metavar="FEATURE|FIELD=VALUE",
-                   help="what the targets do not support, never drawn for them: lower_bound, "
-                        "strides, padding, l2norm, or one value (state=float16, "
-                        "indices=int64, l2norm=False); repeatable; also from a target's "
-                        "kda_fuzz_unsupported attribute and [tool.kda-fuzz.unsupported]")
-    f.add_argument("--shrink-seconds", type=float, default=30.0,
-                   help="time allowed to minimize each distinct failure (default 30)")
-    f.add_argument("--max-failures", type=int, default=20, metavar="N",
-                   help="stop after N distinct failures (default 20); repeats of a known "
-                        "failure are counted, not kept")
-    f.add_argument("--max-seconds", type=float, default=None,
-                   help="the command's wall time (start-up, campaign, minimization and "
-                        "saving share it): it ends within max(5 s, 5 %%) of it, every "
-                        "confirmed failure saved (unminimized, and marked so, where "
-                        "minimization was cut short; default: none)")
-    f.add_argument("--messages", choices=("exact", "class"), default="exact",
-                   help="exact (default): a broken layout must raise the contract's "
-                        "exception with the documented message of the first failing check; "
-                        "class: any message of the right exception type passes and wording "
-                        "differences are only counted (check order cannot be judged then)")
-    f.add_argument("--strict", action="store_true",
-                   help="hold targets to the hardened contract: degenerate layouts that the "
-                        "documented checks let through (HV = 0, V = 0) must raise too")
-    f.add_argument("--timeout", type=float, default=60.0,
-                   help="seconds a target may take on one case before it counts as a hang")
-    f.add_argument("--peer", action="append", metavar="MODULE:CALLABLE",
-                   help="peer mode: also judge this implementation and compare the first "
-                        "target's outputs with it on every accepted layout (repeatable)")
-    f.add_argument("--no-isolate", action="store_true",
-                   help="no flight record: with one job, run targets in this process; with "
-                        "--jobs N, a crash or hang of a target ends the run (default: "
-                        "isolated; a crash costs one restart of a job)")
-    f.add_argument("--jobs", "-j", default="1", metavar="N|auto",
-                   help="run the campaign's plan as N supervised processes, each with its "
-                        "share of the breakage strata and compile families (auto: 8 per "
-                        "GPU on cuda, one per core on cpu; default 1)")
-    f.add_argument("--shard", default=None, metavar="I/N",
-                   help="run shard I of N of the campaign: N shards of --max-examples each "
-                        "split one campaign of N times the examples (same --seed, default "
-                        "0, and options), each example run by exactly one shard")
-    f.add_argument("--example-db", default=None, metavar="URL",
-                   help="shared example database: redis://host:port/db or a folder "
-                        "(default: example_db of [tool.kda-fuzz]); its stored failures are "
-                        "replayed first, this run's new ones stored")
-    r = sub.add_parser("replay", help="replay saved corpus files against a target")
-    _common(r)
-    r.add_argument("--timeout", type=float, default=60.0,
+    o.add_argument("--report", default=None, metavar="DIR",
+                   help="write a self-contained HTML campaign report into DIR (checks hit, "
+                        "failures, error budget, throughput)")
+
+
+def _replay_parser(sub: Any) -> None:
+    r = sub.add_parser("replay", help="replay saved corpus files against a target",
+                       description="Replay corpus files, each under its own family and variant,\n"
+                                   "against the project's configured targets for it (else\n"
+                                   "kda-fuzz's own kernels) unless told otherwise.",
+                       epilog=REPLAY_EXAMPLES,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    _targets_group(r, replay=True)
+    g = r.add_argument_group("isolation")
+    _device(g)
+    g.add_argument("--timeout", type=float, default=60.0, metavar="S",
                    help="seconds a target may run on a crash-, timeout- or flaky- file (each "
                         "runs in a worker) before it counts as hung (default 60)")
+    o = _output_group(r)
+    o.add_argument("--verbose", "-v", action="store_true",
+                   help="print each failure's whole detail (default: cut at a word "
+                        "boundary after 240 characters)")
     r.add_argument("paths", nargs="+", metavar="PATH", help="corpus files or folders")
-    from .merge import add_parser as add_merge
 
-    add_merge(sub)
+
+def _merge_parser(sub: Any) -> None:
+    m = sub.add_parser("merge", help="merge corpus folders of many runners into one, one "
+                                     "file per distinct failure",
+                       description="Merge corpus folders into OUT_DIR, one file per distinct "
+                                   "failure; exit 1 when bad or stale files were found.")
+    m.add_argument("out", metavar="OUT_DIR",
+                   help="the merged corpus (created if missing; its files take part)")
+    m.add_argument("inputs", nargs="+", metavar="IN_DIR",
+                   help="corpus folders (or files) to merge in")
+    m.add_argument("--json", action="store_true",
+                   help="print one JSON summary object as the last line of stdout")
+
+
+def _show_parser(sub: Any) -> None:
+    s = sub.add_parser("show", help="print a corpus file's layout, verdict and reproduction",
+                       description="Print a corpus file's layout, verdict and how to reproduce\n"
+                                   "it; --python prints a standalone script that builds the\n"
+                                   "case and calls the target.",
+                       epilog=SHOW_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    s.add_argument("file", metavar="FILE", help="a corpus file")
+    s.add_argument("--python", action="store_true",
+                   help="print a standalone Python script that rebuilds the case bit for "
+                        "bit, calls the target and reports what the contract says of it")
+    s.add_argument("--target", default=None, metavar="MODULE:CALLABLE",
+                   help="target the script calls (default: the one the file was recorded "
+                        "against, else the configured one, else kda-fuzz's own kernel)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``kda-fuzz`` (imports nothing heavy)."""
+    parser = argparse.ArgumentParser(prog="kda-fuzz", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _fuzz_parser(sub)
+    _replay_parser(sub)
+    _merge_parser(sub)
+    _show_parser(sub)
     return parser
+
+
+def check_fuzz_args(args: argparse.Namespace) -> None:
+    """The fuzz options' values, checked before anything heavy is imported."""
+    if args.max_examples < 1:
+        raise UsageError("--max-examples must be at least 1")
+    if args.max_failures < 1:
+        raise UsageError("--max-failures must be at least 1")
+    if not 0 <= args.valid_share <= 1:
+        raise UsageError("--valid-share must be between 0 and 1")
+    if args.scale_share is not None and not 0 <= args.scale_share <= 1:
+        raise UsageError("--scale-share must be between 0 and 1")
+    if args.scale_budget is not None and args.scale_budget <= 0:
+        raise UsageError("--scale-budget must be positive")
+    if args.timeout <= 0:
+        raise UsageError("--timeout must be positive")
+    if args.max_seconds is not None and args.max_seconds <= 0:
+        raise UsageError("--max-seconds must be positive")
+    if args.families is not None and args.families < 0:
+        raise UsageError("--compile-groups must be 0 or more")
+    _check_device(args.device)
+    if args.jobs is None:
+        args.jobs = "auto" if args.device.startswith("cuda") else "1"
+    if args.jobs != "auto":
+        try:
+            ok = int(args.jobs) >= 1
+        except ValueError:
+            ok = False
+        if not ok:
+            raise UsageError(f"--jobs must be a positive integer or auto, not {args.jobs!r}")
+    if args.shard is not None:
+        _shard(args)
+    if args.family is not None and args.contract is not None:
+        try:
+            check_variant(args.family, args.contract)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+
+
+def _check_device(device: str) -> re.Match[str] | None:
+    m = re.fullmatch(r"cuda(?::(\d+))?", device)
+    if device != "cpu" and m is None:
+        raise UsageError(f"--device must be cpu or cuda[:N], not {device!r}")
+    return m
 
 
 def _prepare_device(device: str, contract: Any) -> None:
     """Check ``device`` and set up the contract's kernel execution for it before kernels
     are imported."""
-    m = re.fullmatch(r"cuda(?::(\d+))?", device)
-    if device != "cpu" and m is None:
-        raise UsageError(f"--device must be cpu or cuda[:N], not {device!r}")
+    m = _check_device(device)
     if m is None:
         if contract.execution is not None:
             contract.execution.configure_cpu()
@@ -177,12 +354,6 @@ def _config() -> Any:
         return load_config(Path.cwd())
     except ConfigError as e:
         raise UsageError(str(e)) from e
-
-
-def _targets(args: argparse.Namespace, contract: Any) -> list[Any]:
-    """``--target``, else the project's configured targets for the variant, else the
-    contract's own kernels."""
-    return _loaded(_target_specs(args, contract)[0], contract)
 
 
 def _loaded(specs: list[str], contract: Any) -> list[Any]:
@@ -215,10 +386,43 @@ def _scale_figures(report: Any) -> str:
 
 
 def _target_specs(args: argparse.Namespace, contract: Any) -> tuple[list[str], list[str]]:
-    """The ``MODULE:CALLABLE`` names of the targets and peers (nothing imported)."""
-    configured = _config().targets_for(contract.name, args.contract) if args.contract else None
-    specs = args.target or configured or list(contract.default_targets.get(args.contract, ()))
+    """The ``MODULE:CALLABLE`` names of the targets and peers (nothing imported), as
+    :func:`_choose` chose them."""
+    chosen = getattr(args, "chosen", None) or _choose(args)
+    specs = chosen.targets.specs
     return list(specs), list(getattr(args, "peer", None) or ())  # replay has no --peer
+
+
+def _choose(args: argparse.Namespace) -> Any:
+    """The campaign's family, variant and targets (:func:`kda_fuzz.config.choose_campaign`);
+    sets ``args.family`` and ``args.contract`` to them."""
+    from .config import ConfigError, choose_campaign
+
+    def defaults(family: str, variant: str) -> tuple[str, ...]:
+        from .contracts import get_contract
+
+        return tuple(get_contract(family).default_targets.get(variant, ()))
+
+    try:
+        chosen = choose_campaign(_config(), args.family, args.contract, args.target or (),
+                                 FAMILIES, defaults)
+        check_variant(chosen.family, chosen.variant)
+    except (ConfigError, ValueError) as e:
+        raise UsageError(str(e)) from None
+    args.family, args.contract, args.chosen = chosen.family, chosen.variant, chosen
+    return chosen
+
+
+def _start_line(args: argparse.Namespace, jobs: int) -> str:
+    """What the campaign chose: family, variant, targets and where they come from, jobs."""
+    from .config import SOURCES
+
+    c = args.chosen
+    auto = (" (auto: 8 per GPU)" if args.device.startswith("cuda") else " (auto: one per "
+            "core)") if args.jobs == "auto" else ""
+    return (f"kda-fuzz: fuzzing {c.family}/{c.variant} ({c.why}) on {args.device}: "
+            f"{', '.join(c.targets.specs)} ({SOURCES[c.targets.source]}); "
+            f"{jobs} job(s){auto}")
 
 
 def _supervisor(args: argparse.Namespace, names: tuple[list[str], list[str]], jobs: int,
@@ -241,7 +445,7 @@ def _contract(args: argparse.Namespace) -> Any:
     from .contracts import get_contract
 
     try:
-        contract = get_contract(args.family)
+        contract = get_contract(args.family or DEFAULT_FAMILY)
         if args.contract is not None:
             contract.checks_for(args.contract)
     except ValueError as e:
@@ -258,26 +462,14 @@ def _fuzz(args: argparse.Namespace, signals: Any = None) -> int:
     from .progress import Progress
     from .runner import CampaignOptions, campaign, share_of
 
+    if getattr(args, "chosen", None) is None:  # main did so already; other callers may not
+        check_fuzz_args(args)
+        _choose(args)
     if signals is None:  # from here on: a signal before the campaign ends the command
         with Signals() as own:
             return _fuzz(args, own)
 
     contract = _contract(args)
-    args.contract = args.contract or contract.variants[0]
-    if args.max_examples < 1:
-        raise UsageError("--max-examples must be at least 1")
-    if args.max_failures < 1:
-        raise UsageError("--max-failures must be at least 1")
-    if not 0 <= args.valid_share <= 1:
-        raise UsageError("--valid-share must be between 0 and 1")
-    if args.scale_share is not None and not 0 <= args.scale_share <= 1:
-        raise UsageError("--scale-share must be between 0 and 1")
-    if args.scale_budget is not None and args.scale_budget <= 0:
-        raise UsageError("--scale-budget must be positive")
-    if args.timeout <= 0:
-        raise UsageError("--timeout must be positive")
-    if args.max_seconds is not None and args.max_seconds <= 0:
-        raise UsageError("--max-seconds must be positive")
     shard = _shard(args)
     if not (args.no_isolate and args.jobs == "1"):
         from .process import start_fork_server
@@ -330,6 +522,7 @@ def _fuzz(args: argparse.Namespace, signals: Any = None) -> int:
         if early is not None:
             early.abort()
         raise
+    print(_start_line(args, jobs), file=sys.stderr)
     corpus = None if args.no_save else args.corpus or _default_corpus()
     # from here on a first signal is remembered (the phases below act on it): the command
     # wraps up, saves and summarizes, then exits 128 + the signal
@@ -411,6 +604,8 @@ def _wrap_up(args: argparse.Namespace, contract: Any, report: Any, new: list[Any
         report.notes.insert(0, f"{stop}: the campaign stopped drawing; these are partial "
                                "results, every confirmed failure saved")
         report.extra["stopped"] = stop.reason.value
+    if args.jobs == "auto":
+        report.notes.insert(0, f"--jobs auto: {_jobs(args)} job(s)")
     if report.judged:
         report.notes.append(
             f"scale stratum: {report.judged.get('full', 0)} case(s) judged on every live row, "
@@ -594,6 +789,8 @@ def _shaping(args: argparse.Namespace, contract: Any = None) -> dict[str, Any]:
     """Layout sizes: compile-aware defaults on cuda (families, bucketed batches), small
     layouts for the interpreted default kernels on cpu (other targets on cpu are measured
     first, see ``calibrate``); the numbers are the contract's ``sizing``."""
+    from .contract import Sizing
+
     sz = contract.sizing if contract is not None else Sizing()
     cuda = args.device.startswith("cuda")
     interpreted = not cuda and not args.target
@@ -643,26 +840,49 @@ def _print_report(report: Any, as_json: bool) -> None:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from .corpus import replay_command
-    from .runner import default_targets
+    """``kda-fuzz replay``: each file under its own family and variant unless ``--family``
+    or ``--contract`` says otherwise, against ``--target``, else the project's configured
+    targets for the file's family and variant, else kda-fuzz's own kernels."""
+    from .config import choose_targets
+    from .replay import replay_paths
 
-    contract = _contract(args)
     if args.timeout <= 0:
         raise UsageError("--timeout must be positive")
-    _prepare_device(args.device, contract)
-    # No --target: each file is replayed on the project's configured targets for its
-    # variant, else on kda-fuzz's own kernels.
-    targets: Any = _targets(args, contract) if args.target else None
-    cfg = _config()
-    if targets is None and cfg.present:
-        from .runner import load_target
+    if args.family is not None and args.contract is not None:
+        try:
+            check_variant(args.family, args.contract)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+    m = _check_device(args.device)
+    from .contracts import CONTRACTS
 
-        def targets(variant: str) -> list[Any]:
-            specs = cfg.targets_for(contract.name, variant)
-            return ([load_target(t) for t in specs] if specs
-                    else default_targets(contract, variant))
-    return replay_command(contract, args.contract, targets, args.paths, device=args.device,
-                          as_json=args.json, timeout=args.timeout)
+    for contract in CONTRACTS.values():  # every family a file may name
+        _prepare_device(args.device, contract)
+        if m is not None:
+            break
+    if args.target:  # checked at once: a bad --target is a usage error, not N bad files
+        _loaded(args.target, CONTRACTS[args.family or DEFAULT_FAMILY])
+    family = args.family if args.family is not None or not args.target else DEFAULT_FAMILY
+    cfg = _config()
+
+    def targets(family: str, variant: str) -> Any:
+        return choose_targets(cfg, family, variant, args.target or (),
+                              CONTRACTS[family].default_targets.get(variant, ()))
+
+    return replay_paths(args.paths, targets, family=family, variant=args.contract,
+                          device=args.device, as_json=args.json, timeout=args.timeout,
+                          verbose=args.verbose)
+
+
+def _show(args: argparse.Namespace) -> int:
+    from .show import ShowError, show
+
+    try:
+        print(show(args.file, python=args.python, target=args.target, config=_config()),
+              end="")
+    except ShowError as e:
+        raise UsageError(str(e)) from None
+    return EXIT_OK
 
 
 def _project_families() -> None:
@@ -689,11 +909,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         _project_families()
         if args.command == "fuzz":
+            check_fuzz_args(args)  # before anything heavy is imported
+            _choose(args)  # imports the contracts only to name their own kernels
+        from .oracle import EnvironmentFailure
+    except UsageError as e:
+        print(f"kda-fuzz: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        if args.command == "fuzz":
             return _fuzz(args)
         if args.command == "merge":
             from .merge import merge_command
 
             return merge_command(args)
+        if args.command == "show":
+            return _show(args)
         return _replay(args)
     except UsageError as e:
         print(f"kda-fuzz: error: {e}", file=sys.stderr)

@@ -31,7 +31,7 @@ without it a ``pyproject.toml`` that mentions ``tool.kda-fuzz`` raises
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -209,6 +209,63 @@ def choose_targets(config: Config, family: str, variant: str,
     if defaults:
         return TargetChoice(tuple(defaults), "default")
     return TargetChoice((), "none")
+
+
+class AmbiguousTargets(ConfigError):
+    """The configuration names targets for several families or variants and the command
+    line does not say which to use."""
+
+
+@dataclass(frozen=True)
+class CampaignChoice:
+    """The family, variant and targets of a campaign, and why those (``why``: a phrase
+    for the start line)."""
+
+    family: str
+    variant: str
+    targets: TargetChoice
+    why: str
+
+
+def choose_campaign(config: Config, family: str | None, variant: str | None,
+                    override: Sequence[str], variants: Mapping[str, Sequence[str]],
+                    defaults: Callable[[str, str], Sequence[str]]) -> CampaignChoice:
+    """The one place a campaign's targets are chosen. ``family``/``variant``: as given on
+    the command line (``None``: not given); ``override``: ``--target``; ``variants``: every
+    family's variants, the first its default; ``defaults(family, variant)``: the
+    contract's own kernels. Without ``--target``, an unnamed family is the first of
+    ``variants`` when the project configures targets for it, else the one family it
+    configures; an unnamed variant is the one the project configures targets for. Several
+    configured and none named raises :class:`AmbiguousTargets` naming the choices."""
+    configured = {f: v for f, v in config.targets.items() if v and f in variants}
+    where = config.path or "pyproject.toml"
+    default = next(iter(variants))
+    if family is None:
+        if override or not configured or default in configured:
+            family = default
+        elif len(configured) == 1:
+            family = next(iter(configured))
+        else:
+            raise AmbiguousTargets(
+                f"{where} configures targets for several families "
+                f"({', '.join(sorted(configured))}): choose one with "
+                + " or ".join(f"--family {f}" for f in sorted(configured)))
+    why = "the family's default variant"
+    if variant is None:
+        mine = [v for v in variants[family] if v in configured.get(family, {})]
+        if override or not mine:
+            variant = variants[family][0]
+        elif len(mine) == 1:
+            variant, why = mine[0], "the variant configured"
+        else:
+            raise AmbiguousTargets(
+                f"{where} configures {family} targets for several variants "
+                f"({', '.join(mine)}): choose one with "
+                + " or ".join(f"--contract {v}" for v in mine))
+    else:
+        why = "--contract"
+    choice = choose_targets(config, family, variant, override, defaults(family, variant))
+    return CampaignChoice(family, variant, choice, why)
 
 
 def recorded_targets(origin: Mapping[str, Any] | None) -> list[str]:

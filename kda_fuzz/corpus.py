@@ -55,11 +55,13 @@ is built. Decompression stops at the byte count the header announces, so a strea
 inflates to more (a zip bomb) is rejected without being inflated. A bad file raises
 :class:`CorpusError` naming the file.
 
-Replay: the target always comes from the command line (or the project's kernels),
-never from the file. A file passes when the target now does what the contract
-prescribes (``run_case`` status ``pass``, or ``gap``/``skip``). The contract variant is
-the file's own unless ``--contract`` is given explicitly: the variant on the command
-line describes the targets being replayed (e.g. the torch reference implements the
+Replay (:mod:`kda_fuzz.replay`, the one replay path; this module runs one entry by its
+kind, :func:`replay_entry`, and holds the one stale rule, :func:`stale_reason`): the
+target always comes from the command line or the project's configuration (or the
+project's kernels), never from the file. A file passes when the target now does what
+the contract prescribes (``run_case`` status ``pass``, or ``gap``/``skip``). The family
+and variant are the file's own unless given explicitly: the variant on the command line
+describes the targets being replayed (e.g. the torch reference implements the
 ``triton`` variant), so it wins, with a note when it differs from the file's.
 """
 
@@ -92,7 +94,6 @@ from .contract import Contract, Expectation
 from .contracts import get_contract
 from .isolate import IsolatedTarget
 from .oracle import Outcome, expectation, run_case
-from .targets import TargetError, default_targets
 from .verdict import Verdict
 
 SCHEMA = 2
@@ -962,15 +963,21 @@ def _decode(path: Path, doc: Any) -> tuple[Case, Verdict | None, dict[str, Any]]
 def _recorded_expectation(raw: Any, kind: str, verdict: Verdict | None) -> Expectation | None:
     """What the contract prescribed for the case when it was saved: the file's
     ``expected`` field, else what its verdict implies (files saved before that field
-    existed); None when neither says."""
+    existed), else what its kind implies (a hand-made ``contract-`` file: rejected with
+    any message; ``mismatch-``: accepted); None when nothing says (a crash or hang)."""
     if isinstance(raw, dict) and isinstance(raw.get("ok"), bool):
         check, message, hole = raw.get("check"), raw.get("message"), raw.get("hole")
         return Expectation(raw["ok"], check if isinstance(check, int) else None,
                            message if isinstance(message, str) else None,
                            hole if isinstance(hole, str) else None)
-    if verdict is None or kind not in ("contract", "mismatch"):
+    if verdict is None:
+        return {"contract": Expectation(False), "mismatch": Expectation(True)}.get(kind)
+    first = verdict.extra.get("first_kind", verdict.kind) if verdict.kind == "flaky" \
+        else verdict.kind
+    if first not in ("contract", "mismatch"):
         return None
-    if kind == "mismatch" or verdict.what == "rejected-valid-layout":
+    if first == "mismatch" or verdict.what == "rejected-valid-layout" \
+            or verdict.what.startswith("peers-"):
         return Expectation(True)
     if verdict.check is not None and verdict.message is not None:
         return Expectation(False, verdict.check, verdict.message)
@@ -978,19 +985,33 @@ def _recorded_expectation(raw: Any, kind: str, verdict: Verdict | None) -> Expec
 
 
 def stale_reason(contract: Contract, case: Case, recorded: Expectation | None) -> str | None:
-    """Why a corpus entry is stale: the outcome the current contract prescribes for its
-    case differs from the one recorded when it was saved (a check added, relaxed,
-    renumbered or reworded); None when they agree or nothing was recorded."""
+    """The one stale rule: why a corpus entry is stale, i.e. the outcome the current
+    contract prescribes for its case differs from the one recorded when it was saved (a
+    check added, relaxed, renumbered or reworded); None when they agree or nothing was
+    recorded. A recorded rejection with neither check nor hole (a hand-made file) only
+    asks that the contract still rejects the layout."""
     if recorded is None:
         return None
     now = expectation(contract, case)
-    if now.ok == recorded.ok and (now.ok or (
-            now.check == recorded.check and now.message == recorded.message
-            and (now.hole is None) == (recorded.hole is None))):
-        return None
-    return (f"stale corpus entry: recorded when the contract said it {recorded.describe()}; "
-            f"the current {contract.name} contract says it {now.describe()} (re-record the "
-            "case or delete the file)")
+    if now.ok == recorded.ok:
+        if now.ok or (recorded.check is None and recorded.message is None
+                      and recorded.hole is None):
+            return None
+        if (now.check, now.message) == (recorded.check, recorded.message) \
+                and (now.hole is None) == (recorded.hole is None):
+            return None
+    if recorded.ok:
+        was = "recorded as a valid layout; the contract now: it " + now.describe()
+    elif now.ok:
+        was = ("recorded as a broken layout"
+               + (f" (check {recorded.check})" if recorded.check is not None else "")
+               + "; the contract now accepts it")
+    else:
+        said = (f"check {recorded.check}: {recorded.message}" if recorded.message is not None
+                else "any ValueError (a contract hole)")
+        was = f"recorded: raises {said}; the contract now: it {now.describe()}"
+    return (f"stale corpus entry: {was} (the current {contract.name} contract; re-record "
+            "the case or delete the file)")
 
 
 def _no_constants(name: str) -> Any:
@@ -1122,132 +1143,3 @@ def corpus_files(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
         else:
             raise FileNotFoundError(f"no such file or folder: {p}")
     return list(dict.fromkeys(found))
-
-
-def _short(text: str, n: int = 240) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= n else text[: n - 3] + "..."
-
-
-def replay_file(path: Path, contract: Contract, variant: str | None,
-                targets: Sequence[Any] | Callable[[str], Sequence[Any]] | None, *,
-                device: str = "cpu", timeout: float = HARD_TIMEOUT,
-                note: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Replay one file; a JSON-able record with ``status`` PASS, FAIL, STALE (the contract
-changed since the file was saved: ``reason`` says how; nothing is run) or ERROR.
-
-    ``targets``: the targets, or a function of the variant giving them, or ``None`` for
-    the project's kernels of the variant; a ``note`` says when the file was recorded on
-    another target than those."""
-    rec: dict[str, Any] = {"path": str(path), "status": "ERROR", "results": []}
-    try:
-        case, verdict, meta = load_case(path)
-    except CorpusError as e:
-        rec["error"] = e.reason
-        return rec
-    rec.update(kind=meta["kind"], description=meta["description"], file_variant=case.variant)
-    if case.contract != contract.name:
-        rec["error"] = (f"file is for contract family {case.contract!r}, replaying "
-                        f"{contract.name!r}")
-        return rec
-    use = variant or case.variant
-    if use != case.variant and note is not None:
-        note(f"note: {path} was recorded for the {case.variant} variant; judging it under "
-             f"{use} (--contract)")
-    rec["variant"] = use
-    case = Case(case.contract, use, case.tensors, case.scalars, case.intent, case.notes)
-    stale = stale_reason(contract, case, meta["expected"]) if use == rec["file_variant"] \
-        else None
-    if stale is not None:
-        rec["status"] = "STALE"
-        rec["reason"] = stale
-        return rec
-    try:
-        chosen = (list(targets(use)) if callable(targets) else list(targets)
-                  if targets is not None else default_targets(contract, use))
-    except TargetError as e:
-        rec["error"] = f"cannot load the targets: {e}"
-        return rec
-    recorded = [t.strip() for t in str(meta.get("origin", {}).get("target") or "").split(" vs ")
-                if t.strip()]
-    if recorded and not any(t.name in recorded for t in chosen):
-        rec["note"] = (f"recorded on {' vs '.join(recorded)}, replayed against "
-                       f"{', '.join(t.name for t in chosen)}")
-    try:
-        results = replay_entry(contract, case, meta["kind"], chosen, device=device,
-                               timeout=timeout)
-    except Exception as e:  # the oracle itself failed on this file
-        rec["error"] = f"oracle error: {type(e).__name__}: {e}"
-        return rec
-    fails = []
-    for name, outcome in results:
-        r: dict[str, Any] = {"target": name, "status": outcome.status}
-        if outcome.verdict is not None:
-            r["verdict"] = _jsonable(outcome.verdict.to_json())
-            r["same_as_recorded"] = bool(verdict is not None
-                                         and verdict.same_failure(outcome.verdict))
-        if outcome.note:
-            r["note"] = outcome.note
-        rec["results"].append(r)
-        if not passed(outcome):
-            assert outcome.verdict is not None
-            same = " (same failure as recorded)" if r.get("same_as_recorded") else ""
-            fails.append(f"{name}: {_short(outcome.verdict.summary())}{same}")
-    rec["status"] = "FAIL" if fails else "PASS"
-    if fails:
-        rec["reason"] = "; ".join(fails)
-    return rec
-
-
-def replay_command(contract: Contract, variant: str | None,
-                   targets: Sequence[Any] | Callable[[str], Sequence[Any]] | None,
-                   paths: Sequence[str], *, device: str = "cpu", as_json: bool = False,
-                   timeout: float = HARD_TIMEOUT) -> int:
-    """``kda-fuzz replay``: 0 when every file passes, 1 on any failure or bad file, 2 on
-    usage errors (a path that does not exist, no corpus file found).
-
-    ``variant`` ``None``: each file's own variant; ``targets`` ``None``: the project's
-    kernels for that variant.
-    """
-    try:
-        files = corpus_files(paths)
-    except FileNotFoundError as e:
-        print(f"kda-fuzz: error: {e}", file=sys.stderr)
-        return 2
-    if not files:
-        print(f"kda-fuzz: error: no *.json corpus file under {', '.join(map(str, paths))}",
-              file=sys.stderr)
-        return 2
-
-    def note(msg: str) -> None:
-        print(msg, file=sys.stderr)
-
-    records = []
-    for path in files:
-        rec = replay_file(path, contract, variant, targets, device=device, timeout=timeout,
-                          note=note)
-        records.append(rec)
-        if not as_json:
-            if rec["status"] == "PASS":
-                names = ", ".join(r["target"] for r in rec["results"])
-                extra = "; ".join(f"{r['target']}: {r['status']}" for r in rec["results"]
-                                  if r["status"] != "pass")
-                print(f"PASS  {path}  [{rec['variant']}; {names}]"
-                      + (f" ({extra})" if extra else "")
-                      + (f"\n      note: {rec['note']}" if rec.get("note") else ""))
-            elif rec["status"] in ("FAIL", "STALE"):
-                print(f"{rec['status']:<5} {path}  {rec['reason']}")
-            else:
-                print(f"ERROR {path}  {rec['error']}")
-    counts = {s: sum(r["status"] == s for r in records)
-              for s in ("PASS", "FAIL", "STALE", "ERROR")}
-    code = 0 if counts["PASS"] == len(records) else 1
-    if as_json:
-        print(json.dumps({"files": records, "passed": counts["PASS"], "failed": counts["FAIL"],
-                          "stale": counts["STALE"], "errors": counts["ERROR"], "device": device,
-                          "exit_code": code}, sort_keys=True, allow_nan=False))
-    else:
-        stale = f", {counts['STALE']} stale" if counts["STALE"] else ""
-        print(f"replayed {len(records)} file(s): {counts['PASS']} passed, {counts['FAIL']} "
-              f"failed{stale}, {counts['ERROR']} bad")
-    return code

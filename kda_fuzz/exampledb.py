@@ -37,6 +37,7 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,12 +49,12 @@ from .corpus import (
     CaseTooLarge,
     CorpusError,
     encode_entry,
-    parse_case,
     passed,
     replay_entry,
 )
 from .isolate import IsolatedTarget
-from .oracle import run_case
+from .oracle import Outcome, run_case
+from .replay import load_entry, replay
 from .runner import Failure, Minimizer, Report, Target
 
 REPLAYED_NOTE = "replayed from the example database"
@@ -120,13 +121,15 @@ class Replay:
     passed: int = 0  # now passing: moved to the secondary key
     duplicates: int = 0  # the same failure as a smaller entry: moved too
     bad: list[str] = field(default_factory=list)  # unreadable: deleted
+    stale: list[str] = field(default_factory=list)  # stale or unjudgeable: moved
     kept: int = 0  # not judgeable here (skip): left in place
     saved: int = 0  # new failures of this run stored afterwards
 
     def to_json(self) -> dict[str, Any]:
         return {"url": redact(self.url), "key": self.key.decode(), "entries": self.entries,
                 "replayed_failures": len(self.failures), "now_passing": self.passed,
-                "duplicates": self.duplicates, "bad": len(self.bad), "saved": self.saved}
+                "duplicates": self.duplicates, "bad": len(self.bad), "stale": len(self.stale),
+                "saved": self.saved}
 
     def note(self) -> str:
         parts = [f"{len(self.failures)} still fail"]
@@ -136,6 +139,8 @@ class Replay:
             parts.append(f"{self.duplicates} repeat a smaller entry")
         if self.bad:
             parts.append(f"{len(self.bad)} unreadable, deleted")
+        if self.stale:
+            parts.append(f"{len(self.stale)} stale or not judgeable, moved aside")
         return (f"example database {redact(self.url)}: replayed {self.entries} stored "
                 f"failing example(s) first ({', '.join(parts)}); {self.saved} new failure(s) "
                 "stored")
@@ -154,49 +159,61 @@ def replay_stored(db: ExampleDatabase, url: str, key: bytes, contract: Any, vari
                   targets: Sequence[Target], *, device: str = "cpu", isolate: bool = True,
                   timeout: float = 60.0, messages: str = "exact",
                   strict: bool = False) -> Replay:
-    """Replay every entry stored under ``key`` on ``targets``; the failures that come back,
-    one per distinct failure (the smallest entry showing it), in :class:`Replay`."""
+    """Replay every entry stored under ``key`` on ``targets`` (through
+    :func:`kda_fuzz.replay.replay`, each target's worker kept for all entries); the
+    failures that come back, one per distinct failure (the smallest entry showing it), in
+    :class:`Replay`."""
     out = Replay(url, key)
     loaded = []
     for value in _stored(db, key):
         out.entries += 1
         try:
-            case, _verdict, meta = parse_case(value, f"{key.decode()}#{out.entries}")
-            if (case.contract, case.variant) != (contract.name, variant):
-                raise CorpusError(meta["path"], f"an entry of {case.contract}/{case.variant}")
+            entry = load_entry(value, f"{key.decode()}#{out.entries}")
+            if (entry.case.contract, entry.case.variant) != (contract.name, variant):
+                raise CorpusError(entry.name, f"an entry of {entry.case.contract}/"
+                                              f"{entry.case.variant}")
         except CorpusError as e:
             out.bad.append(e.reason)
             db.delete(key, value)
             continue
-        loaded.append((value, case, meta["kind"]))
+        loaded.append((value, entry))
     if not loaded:
         return out
-    results: list[list[Any]] = [[] for _ in loaded]
-    for t in targets:
-        if not isolate:
-            for i, (_, case, kind) in enumerate(loaded):
-                if kind in ("crash", "timeout", "flaky"):  # isolated all the same
+    with ExitStack() as stack:
+        workers = {t.name: stack.enter_context(IsolatedTarget(
+            contract, t.name, timeout=timeout, device=device, messages=messages,
+            strict=strict)) for t in targets} if isolate else {}
+
+        def run(contract: Any, case: Any, kind: str, chosen: Sequence[Target]
+                ) -> list[tuple[str, Outcome]]:
+            results = []
+            for t in chosen:
+                if not isolate and kind in ("crash", "timeout", "flaky"):  # isolated anyway
                     outcome = replay_entry(contract, case, kind, [t], device=device)[0][1]
-                else:
+                elif not isolate:
                     outcome = run_case(contract, case if device == "cpu" else case.on(device),
                                        t.fn, messages=messages, strict=strict)  # type: ignore[arg-type]
-                results[i].append(outcome)
-            continue
-        with IsolatedTarget(contract, t.name, timeout=timeout, device=device,
-                            messages=messages, strict=strict) as iso:
-            for i, (_, case, kind) in enumerate(loaded):
-                outcome = iso.run(case)
-                for _ in range(FLAKY_RUNS - 1 if kind == "flaky" else 0):
-                    if not passed(outcome):
-                        break
-                    outcome = iso.run(case)
-                results[i].append(outcome)
+                else:
+                    outcome = workers[t.name].run(case)
+                    for _ in range(FLAKY_RUNS - 1 if kind == "flaky" else 0):
+                        if not passed(outcome):
+                            break
+                        outcome = workers[t.name].run(case)
+                results.append((t.name, outcome))
+            return results
+
+        records = [(value, replay(entry, targets, run=run)) for value, entry in loaded]
     seen: dict[tuple[Any, ...], Failure] = {}
-    for (value, case, _kind), outcomes in zip(loaded, results):
-        fails = [(t, o) for t, o in zip(targets, outcomes) if o.status == "fail"]
+    for value, rec in records:
+        if rec.status in ("STALE", "ERROR"):  # the contract changed since; or unjudgeable
+            out.stale.append(f"{rec.path}: {rec.reason}")
+            db.move(key, secondary(key), value)
+            continue
+        assert rec.entry is not None
+        fails = [r for r in rec.results if r.outcome.status == "fail"]
         new = False
-        for t, o in fails:
-            f = Failure(case, o.verdict, t.name, note=REPLAYED_NOTE)
+        for r in fails:
+            f = Failure(rec.entry.case, r.outcome.verdict, r.target, note=REPLAYED_NOTE)
             if f.signature in seen:
                 seen[f.signature].count += 1
                 continue
@@ -206,7 +223,7 @@ def replay_stored(db: ExampleDatabase, url: str, key: bytes, contract: Any, vari
         if fails and not new:
             out.duplicates += 1
             db.move(key, secondary(key), value)
-        elif not fails and any(o.status == "skip" for o in outcomes):
+        elif not fails and any(r.outcome.status == "skip" for r in rec.results):
             out.kept += 1
         elif not fails:
             out.passed += 1

@@ -5,9 +5,10 @@ is loaded with the corpus loader's rules (:func:`kda_fuzz.corpus.load_case`) and
 into:
 
 * **bad**: it does not load; never copied;
-* **stale**: what the file records as the expected outcome (a valid layout to accept; a
-  broken one to reject with check N and its message, or with any message in a hole of
-  the contract) is not what the contract prescribes for the case now; never copied;
+* **stale**: what the file records as the expected outcome (its ``expected`` field, else
+  what its verdict or kind implies) is not what the contract prescribes for the case now,
+  by the one stale rule of the replay path (:func:`kda_fuzz.corpus.stale_reason`); never
+  copied;
 * a **failure**, identified as the campaign identifies distinct failures
   (:attr:`kda_fuzz.runner.Failure.signature`): the recorded target (``origin.target``)
   and the recorded verdict's :meth:`~kda_fuzz.verdict.Verdict.signature` on the file's
@@ -22,7 +23,8 @@ each written atomically (:mod:`kda_fuzz.atomic`), and only then are the files of
 ``OUT_DIR`` that a smaller file of the same failure replaced removed; a merge cut short
 leaves an extra file, never a missing failure. Bad and stale files already in
 ``OUT_DIR`` are reported and left alone. A file whose bytes are already in place is not
-written: merging again is a no-op.
+written: merging again is a no-op. ``kda-fuzz merge`` exits 1 when it found bad or
+stale files (after merging the others).
 """
 
 from __future__ import annotations
@@ -36,11 +38,11 @@ from pathlib import Path
 from typing import Any
 
 from .atomic import write_atomic
-from .contracts import get_contract
-from .corpus import CorpusError, corpus_files, load_case
-from .oracle import expectation
+from .corpus import _recorded_expectation, corpus_files
+from .corpus import stale_reason as corpus_stale_reason
+from .replay import check_entry
 
-EXIT_OK, EXIT_USAGE = 0, 2
+EXIT_OK, EXIT_BAD, EXIT_USAGE = 0, 1, 2
 
 
 @dataclass
@@ -78,59 +80,22 @@ class MergeResult:
                 "duplicates": self.duplicates, "stale": self.stale, "bad": self.bad}
 
 
-def recorded_expectation(kind: str, verdict: Any) -> tuple[bool, int | None, str | None] | None:
-    """What a file records that the contract prescribed: ``(accepts, check, message)``
-    (``check``/``message`` ``None`` for a rejection with any message), or ``None`` when
-    it records nothing about it (a crash or hang)."""
-    if verdict is None:  # a hand-made regression: filed by what the contract expected
-        return {"contract": (False, None, None), "mismatch": (True, None, None)}.get(kind)
-    first = verdict.extra.get("first_kind", verdict.kind) if verdict.kind == "flaky" \
-        else verdict.kind
-    if first in ("crash", "timeout"):
-        return None
-    if first == "mismatch" or verdict.what == "rejected-valid-layout" \
-            or verdict.what.startswith("peers-"):
-        return (True, None, None)
-    return (False, verdict.check, verdict.message)
-
-
 def stale_reason(contract: Any, case: Any, kind: str, verdict: Any) -> str | None:
-    """Why the file's recorded expectation is not what ``contract`` prescribes now."""
-    rec = recorded_expectation(kind, verdict)
-    if rec is None:
-        return None
-    exp = expectation(contract, case)
-    accepts, check, message = rec
-    if accepts:
-        return None if exp.ok else ("recorded as a valid layout; the contract now: it "
-                                    + exp.describe())
-    if exp.ok:
-        return ("recorded as a broken layout"
-                + (f" (check {check})" if check is not None else "")
-                + "; the contract now accepts it")
-    if verdict is None:
-        return None
-    if (check, message) != (exp.check, exp.message):
-        was = (f"check {check}: {message}" if check is not None
-               else "any ValueError (a contract hole)")
-        return f"recorded: raises {was}; the contract now: it {exp.describe()}"
-    return None
+    """Why a file of ``kind`` with ``verdict`` (and no ``expected`` field) is stale: the one
+    stale rule, :func:`kda_fuzz.corpus.stale_reason`, on what the file records."""
+    return corpus_stale_reason(contract, case, _recorded_expectation(None, kind, verdict))
 
 
 def _classify(path: Path, in_out: bool, result: MergeResult) -> Entry | None:
-    try:
-        case, verdict, meta = load_case(path)
-        contract = get_contract(case.contract)
-        reason = stale_reason(contract, case, meta["kind"], verdict)
-    except CorpusError as e:
-        result.bad.append({"path": str(path), "reason": e.reason})
+    rec = check_entry(path)  # the replay path's first stage: load, the stale rule
+    if rec.status == "ERROR":
+        result.bad.append({"path": str(path), "reason": rec.reason})
         return None
-    except Exception as e:  # the contract cannot even say what it expects of the case
-        result.bad.append({"path": str(path), "reason": f"{type(e).__name__}: {e}"})
+    if rec.status == "STALE":
+        result.stale.append({"path": str(path), "reason": rec.reason})
         return None
-    if reason is not None:
-        result.stale.append({"path": str(path), "reason": reason})
-        return None
+    assert rec.entry is not None
+    case, verdict, meta = rec.entry.case, rec.entry.verdict, rec.entry.meta
     if verdict is None:
         signature: tuple[Any, ...] = ("regression", meta["kind"], path.name)
     else:
@@ -198,29 +163,18 @@ def merge(out: str | os.PathLike[str], inputs: list[str | os.PathLike[str]]) -> 
     return result
 
 
-def add_parser(sub: Any) -> None:
-    """The ``merge`` subcommand of ``kda-fuzz``."""
-    m = sub.add_parser("merge", help="merge corpus folders of many runners into one, one "
-                                     "file per distinct failure")
-    m.add_argument("out", metavar="OUT_DIR",
-                   help="the merged corpus (created if missing; its files take part)")
-    m.add_argument("inputs", nargs="+", metavar="IN_DIR",
-                   help="corpus folders (or files) to merge in")
-    m.add_argument("--json", action="store_true",
-                   help="print one JSON summary object as the last line of stdout")
-
-
 def merge_command(args: argparse.Namespace) -> int:
-    """``kda-fuzz merge``: 0 when merged, 2 on usage errors (a missing input, an
-    ``OUT_DIR`` that is a file)."""
+    """``kda-fuzz merge``: 0 when merged, 1 when merged but bad or stale files were found
+    (not copied), 2 on usage errors (a missing input, an ``OUT_DIR`` that is a file)."""
     try:
         result = merge(args.out, args.inputs)
     except (FileNotFoundError, NotADirectoryError) as e:
         print(f"kda-fuzz: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    code = EXIT_BAD if result.bad or result.stale else EXIT_OK
     if args.json:
-        print(json.dumps(result.to_json(), sort_keys=True))
-        return EXIT_OK
+        print(json.dumps({**result.to_json(), "exit_code": code}, sort_keys=True))
+        return code
     for b in result.bad:
         print(f"BAD        {b['path']}  {b['reason']}")
     for s in result.stale:
@@ -233,4 +187,4 @@ def merge_command(args: argparse.Namespace) -> int:
           f"failure(s), {len(result.written)} written, {result.unchanged} already there, "
           f"{len(result.removed)} replaced; {len(result.duplicates)} duplicate(s), "
           f"{len(result.stale)} stale, {len(result.bad)} bad")
-    return EXIT_OK
+    return code

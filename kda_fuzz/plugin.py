@@ -29,10 +29,12 @@ In a project that opts in:
   file name), marked ``corpus`` (and ``gpu`` on a cuda session). The folders are those of
   ``corpus`` in ``[tool.kda-fuzz]`` (default ``["corpus"]``, relative to pyproject.toml)
   and of the ``kda_fuzz_corpus`` ini key; with neither, ``corpus/`` in the rootdir.
-  A bad file is a failing item naming the file. ``crash-``, ``timeout-`` and ``flaky-``
-  files run in a worker process (``corpus.replay_entry``, as ``kda-fuzz replay`` does): a
-  target that still aborts fails its own item; one that runs past
-  ``--kda-corpus-timeout`` seconds (default 60) is a hang.
+  A bad file is a failing item naming the file. Each item is replayed by
+  :func:`kda_fuzz.replay.replay`, as ``kda-fuzz replay`` replays a file (the item only
+  formats its record; the first line of a failure, which pytest's short summary shows,
+  names it: ``mismatch/out-value on mypkg:kernel``). ``crash-``, ``timeout-`` and
+  ``flaky-`` files run in a worker process: a target that still aborts fails its own
+  item; one that runs past ``--kda-corpus-timeout`` seconds (default 60) is a hang.
 
 Many machines: ``--kda-shard I/N`` runs shard I of N of the session's tests (the collected
 items in node-id order, every N-th from the I-th; the others are deselected), so N CI
@@ -369,60 +371,51 @@ class CorpusItem(pytest.Item):
     """Replays one corpus file against the configured targets (or ``--kda-corpus-target``)."""
 
     def runtest(self) -> None:
-        from .contracts import get_contract
-        from .corpus import (
-            CorpusError,
-            load_case,
-            passed,
-            replay_command_line,
-            replay_entry,
-            stale_reason,
-        )
+        from .corpus import CorpusError, replay_command_line
         from .progress import layout_of
-        from .targets import TargetError, load_target
+        from .replay import check_entry, replay
 
-        case, _verdict, meta = load_case(self.path)
-        try:
-            contract = get_contract(case.contract)
-        except ValueError as e:
-            raise CorpusError(self.path, str(e)) from None
-        stale = stale_reason(contract, case, meta["expected"])
-        if stale is not None:
-            self.user_properties.append(("kda_corpus_stale", stale))
-            raise StaleCorpusEntry(f"STALE corpus file {self.path} ({case.variant} variant, "
-                                   f"{meta['kind']}): {stale}")
         st = state(self.config)
         override = self.config.getoption("--kda-corpus-target", default=[]) or []
-        choice = choose_targets(st.config, case.contract, case.variant, override)
-        head = (f"corpus file {self.path} ({case.variant} variant, {meta['kind']}): "
-                f"{meta['description']}")
-        if not choice.specs:
-            where = st.config.path or self.config.rootpath / "pyproject.toml"
-            raise CorpusReplayFailure(f"{head}\n  " + missing_targets_message(
-                case.contract, case.variant, meta["origin"], where, "--kda-corpus-target"))
-        note = origin_mismatch(meta["origin"], choice)
-        if note:
-            warnings.warn_explicit(CorpusOriginWarning(f"{self.path.name}: {note}"),
-                                   category=None, filename=str(self.path), lineno=1)
         root = str(st.config.root)
         if root not in sys.path:  # MODULE:CALLABLE relative to the project, like the CLI
             sys.path.insert(0, root)
-        try:
-            targets = [load_target(s) for s in choice.specs]
-        except TargetError as e:
-            raise CorpusReplayFailure(f"{self.path}: cannot load a target: {e}") from None
         device = device_name(self.config)
-        lines = []
         timeout = self.config.getoption("--kda-corpus-timeout")
-        for name, outcome in replay_entry(contract, case, meta["kind"], targets, device=device,
-                                          timeout=timeout):
-            if not passed(outcome):
-                assert outcome.verdict is not None
-                line = replay_command_line(name, self.path, device=device, timeout=timeout)
-                lines.append(f"  {name}: {outcome.verdict.summary()}\n    reproduce: {line}")
-        if lines:
+        first = check_entry(self.path)
+        if first.status == "READY":  # the targets of the file's family and variant, or none
+            rec = replay(first.entry, lambda family, variant: choose_targets(
+                st.config, family, variant, override), device=device, timeout=timeout)
+        else:
+            rec = first
+        entry = rec.entry
+        if entry is None:
+            raise CorpusError(self.path, rec.reason)
+        case, meta = entry.case, entry.meta
+        if rec.status == "STALE":
+            self.user_properties.append(("kda_corpus_stale", rec.reason))
+            raise StaleCorpusEntry(f"STALE corpus file {self.path} ({case.variant} variant, "
+                                   f"{meta['kind']}): {rec.reason}")
+        head = (f"corpus file {self.path} ({case.variant} variant, {meta['kind']}): "
+                f"{meta['description']}")
+        if rec.status == "ERROR" and rec.choice is not None and not rec.choice.specs:
+            where = st.config.path or self.config.rootpath / "pyproject.toml"
             raise CorpusReplayFailure(
-                f"{head}\n  layout: {layout_of(case)}\n"
+                f"no replay target for {case.contract}/{case.variant}\n{head}\n  "
+                + missing_targets_message(case.contract, case.variant, meta["origin"], where,
+                                          "--kda-corpus-target"))
+        if rec.status == "ERROR":
+            raise CorpusReplayFailure(f"{self.path}: {rec.reason}")
+        note = origin_mismatch(meta["origin"], rec.choice) if rec.choice else None
+        if note:
+            warnings.warn_explicit(CorpusOriginWarning(f"{self.path.name}: {note}"),
+                                   category=None, filename=str(self.path), lineno=1)
+        if rec.status == "FAIL":  # the first line is pytest's short summary: the failure
+            lines = [f"  {r.target}: {r.summary()}\n    reproduce: "
+                     + replay_command_line(r.target, self.path, device=device, timeout=timeout)
+                     for r in rec.failures]
+            raise CorpusReplayFailure(
+                f"{rec.headline()}\n{head}\n  layout: {layout_of(case)}\n"
                 + (f"  note: {note}\n" if note else "") + "\n".join(lines))
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException],

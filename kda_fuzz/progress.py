@@ -146,6 +146,8 @@ def print_summary(report: Any, file: Any = None) -> None:
     ones flagged), gaps and failures (with the layout's sizes, dtypes and strides)."""
     console = Console(file=file or sys.stdout, highlight=False, soft_wrap=True)
     t = Table(title=f"kda-fuzz {report.contract}/{report.variant}", show_header=False)
+    t.add_column(no_wrap=True)
+    t.add_column(overflow="fold")  # long target names wrap whole, never cut
     t.add_row("targets", ", ".join(report.targets))
     t.add_row("examples", f"{report.examples} in {report.seconds:.1f} s "
               f"({report.examples / max(report.seconds, 1e-9):.1f}/s)")

@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, given, settings
 
 from kda_fuzz.case import Case
 from kda_fuzz.contracts import get_contract
-from kda_fuzz.corpus import load_case, replay_command, save_case, stale_reason
+from kda_fuzz.corpus import load_case, save_case, stale_reason
+from kda_fuzz.replay import replay_command
 from kda_fuzz.targets import load_target
 
 pytest_plugins = ["pytester"]
@@ -82,7 +83,7 @@ def test_check_now_accepting_is_stale(tmp_path: Path,
     path.write_text(json.dumps(doc))
     code, out = _replay(path, capsys)
     assert code == 1 and out["files"][0]["status"] == "STALE"
-    assert "accepts the layout" in out["files"][0]["reason"]
+    assert "recorded as a valid layout" in out["files"][0]["reason"]
 
 
 def test_pytest_item_reports_stale(tmp_path: Path, pytester: pytest.Pytester) -> None:

@@ -1,0 +1,25 @@
+"""The names the command line offers, known without importing torch or any kernel.
+
+``kda-fuzz`` parses and checks its arguments before importing anything heavy, so the
+contract families and their variants are listed here as plain strings;
+``tests/test_cli_front.py`` checks that they match :data:`kda_fuzz.contracts.CONTRACTS`.
+"""
+
+from __future__ import annotations
+
+# family -> its variants, the first being the family's default
+FAMILIES: dict[str, tuple[str, ...]] = {
+    "kda": ("helion", "triton"),
+    "gdn": ("triton", "helion"),
+}
+DEFAULT_FAMILY = "kda"
+VARIANTS: tuple[str, ...] = tuple(dict.fromkeys(v for vs in FAMILIES.values() for v in vs))
+
+
+def check_variant(family: str, variant: str) -> None:
+    """Raise ``ValueError`` unless ``family`` is known and has ``variant``."""
+    if family not in FAMILIES:
+        raise ValueError(f"unknown contract family {family!r} (known: {', '.join(FAMILIES)})")
+    if variant not in FAMILIES[family]:
+        raise ValueError(f"contract {family!r} has no variant {variant!r} (choose from "
+                         f"{', '.join(FAMILIES[family])})")
