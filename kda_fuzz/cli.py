@@ -227,7 +227,7 @@ def _contract(args: argparse.Namespace) -> Any:
 
 def _fuzz(args: argparse.Namespace) -> int:
     from .progress import Progress
-    from .runner import CampaignOptions, campaign, share_of
+    from .runner import CampaignOptions, campaign, require_executed, share_of
 
     contract = _contract(args)
     args.contract = args.contract or contract.variants[0]
@@ -322,6 +322,7 @@ def _fuzz(args: argparse.Namespace) -> int:
                               timeout=args.timeout, shrink_seconds=args.shrink_seconds,
                               workers=min(jobs, 4), messages=args.messages, strict=args.strict)
     report.notes[:0] = report_notes
+    require_executed(report)
     if report.judged:
         report.notes.append(
             f"scale stratum: {report.judged.get('full', 0)} case(s) judged on every live row, "

@@ -196,8 +196,30 @@ def _generated_triton_on_cpu(kernel: Any, args: Sequence[Any]) -> Any:
     bound = kernel.bind(tuple(args))
     config = bound._implicit_config() or (kernel.configs[0] if kernel.configs else None)
     compiled = bound.compile_config(config or bound.config_spec.default_config())
-    with _interpreter_context():
-        return compiled(*args, _launcher=_interpreter_launcher)
+    try:
+        with _interpreter_context():
+            return compiled(*args, _launcher=_interpreter_launcher)
+    except Exception as e:
+        cause = _generated_code_gap(e)
+        if cause is None:
+            raise
+        raise ExecutionEnvironmentError(cause) from e
+
+
+def _generated_code_gap(exc: BaseException) -> str | None:
+    """Why a failure of Helion's generated Triton under the interpreter is this path's: a
+    shape or type error of Triton's frontend on code Helion generated for the config
+    chosen here (not the kernel's own source, nor a GPU's config). Seen: size-1
+    dimensions emitted as 0-d or 1-d values that the frontend then refuses to broadcast
+    or index (``Expected pointer argument to have shape ...``, ``Cannot broadcast, rank
+    mismatch``) where the same kernel runs on a GPU."""
+    for e in _causes(exc):
+        file = _raising_file(e)
+        if isinstance(e, (ValueError, TypeError, IndexError)) and file is not None \
+                and _under(file, "triton.language"):
+            return ("the Triton interpreter cannot run the code Helion generated for this "
+                    f"layout on CPU: {_one_line(e)}")
+    return None
 
 
 def run_helion(kernel: Any, args: Sequence[Any]) -> Any:
@@ -677,7 +699,7 @@ def _gap(e: BaseException, file: str) -> str | None:
         return f"the CPU execution machinery failed: {msg}"
     if file == _module_file("triton.runtime.interpreter") and (
         isinstance(e, NotImplementedError)
-        or (isinstance(e, (ValueError, TypeError)) and str(e).startswith("unsupported"))
+        or (isinstance(e, (ValueError, TypeError)) and "unsupported" in str(e))
     ):
         return f"the Triton interpreter cannot run this kernel: {msg}"
     if isinstance(e, AttributeError) and type(getattr(e, "obj", None)).__name__ == (
