@@ -4,6 +4,8 @@ interpreter loads get boolean masks."""
 
 from __future__ import annotations
 
+import json
+
 import helion
 import helion.language as hl
 import pytest
@@ -127,3 +129,22 @@ def test_block_mask_and_scalar_condition_load_and_store(slot: int) -> None:
     _masked_copy[(1,)](src, dst, idx, 6, N=8)
     want = torch.where(torch.arange(8) < 6, src, 7.0) if slot >= 0 else torch.full((8,), 7.0)
     assert torch.equal(dst, want)
+
+
+def test_cli_goes_on_past_unexecutable_cases(capsys: pytest.CaptureFixture[str]) -> None:
+    """Through the default path (supervised jobs): counted, noted, exit 0; exit 2 when no
+    valid layout could run."""
+    from kda_fuzz import cli
+
+    common = ["--contract", "triton", "--max-examples", "30", "--seed", "2", "--no-save",
+              "--json", "--valid-share", "1.0", "--budget", "2048", "--max-b", "4"]
+    rc = cli.main(["fuzz", "--target", "tests.unexecutable_targets:gap_at_one_row", *common])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["failures"] == 0 and summary["not_executable"]["examples"] > 0
+    assert summary["compiles"] == 0
+    assert any("not executable here" in n for n in summary["notes"])
+    rc = cli.main(["fuzz", "--target", "tests.unexecutable_targets:never_runs", *common])
+    err = capsys.readouterr().err
+    assert rc == 2 and "none of the" in err, err
