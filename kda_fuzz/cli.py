@@ -598,6 +598,8 @@ def _wrap_up(args: argparse.Namespace, contract: Any, report: Any, new: list[Any
              db: Any, replay: Any, signals: Any) -> int:
     """Save what is not saved yet, the example database, the report and the summary; the
     exit code."""
+    from .runner import require_executed
+
     report.notes[:0] = report_notes
     stop = signals.stop
     if stop is not None:
@@ -606,6 +608,7 @@ def _wrap_up(args: argparse.Namespace, contract: Any, report: Any, new: list[Any
         report.extra["stopped"] = stop.reason.value
     if args.jobs == "auto":
         report.notes.insert(0, f"--jobs auto: {_jobs(args)} job(s)")
+    require_executed(report)
     if report.judged:
         report.notes.append(
             f"scale stratum: {report.judged.get('full', 0)} case(s) judged on every live row, "

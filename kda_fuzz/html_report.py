@@ -230,13 +230,16 @@ def _budget(history: Sequence[dict[str, Any]] | None) -> str:
             f"<th>worst ratio</th></tr>{''.join(rows)}</table>")
 
 
-def _durations(history: Sequence[dict[str, Any]]) -> list[tuple[float, float, bool]]:
-    """(t, seconds the example took, compiled) per record, per job when records say."""
+def _durations(history: Sequence[dict[str, Any]]) -> list[tuple[float, float, bool, float]]:
+    """(t, seconds the example took, compiled, seconds compiling) per record, per job when
+    records say (records without ``compile_seconds``: the whole example)."""
     last: dict[Any, float] = {}
     out = []
     for rec in sorted(history, key=lambda r: float(r.get("t", 0.0))):
         t, job = float(rec.get("t", 0.0)), rec.get("job", 0)
-        out.append((t, max(0.0, t - last.get(job, 0.0)), bool(rec.get("compile"))))
+        took = max(0.0, t - last.get(job, 0.0))
+        compiled = bool(rec.get("compile"))
+        out.append((t, took, compiled, float(rec.get("compile_seconds", took if compiled else 0))))
         last[job] = t
     return out
 
@@ -249,14 +252,14 @@ def _throughput(report: Any, history: Sequence[dict[str, Any]] | None) -> str:
     ts = [float(r.get("t", 0.0)) for r in recs]
     ns = [int(r.get("examples", i + 1)) for i, r in enumerate(recs)]
     durs = _durations(recs)
-    compiles = [(t, d) for t, d, c in durs if c]
+    compiles = [(t, cs) for t, _, c, cs in durs if c]
     compile_s = sum(d for _, d in compiles)
     total = max(ts[-1], report.seconds, 1e-9)
     fig = _figure(11, 3.4)
     ax = fig.add_subplot(1, 2, 1)
     ax.plot(ts, ns, color="#4c72b0", linewidth=1.6)
     if compiles:
-        idx = [i for i, (_, _, c) in enumerate(durs) if c]
+        idx = [i for i, (_, _, c, _) in enumerate(durs) if c]
         ax.plot([ts[i] for i in idx], [ns[i] for i in idx], "o", color="#c03030",
                 markersize=4, label=f"compile ({len(idx)})")
         ax.legend(fontsize=8)

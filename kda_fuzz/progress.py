@@ -127,7 +127,7 @@ def check_counts(report: Any) -> list[tuple[str, int]]:
 
 def time_shares(report: Any) -> str:
     """``valid 81 %, broken 14 %, scale 5 %; compiling 12 %`` of the jobs' summed time
-    (compiling: cuda examples ten times slower than the recent median), and the jobs'
+    (compiling: seconds in Triton and Helion compiles, kda_fuzz.compiles), and the jobs'
     summed start-up (launch to first example) beside it."""
     by = dict(getattr(report, "stratum_seconds", {}) or {})
     total = sum(by.values())

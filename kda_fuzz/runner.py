@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import random
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -14,11 +14,19 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
+from . import compiles
 from .case import Case, fingerprint
 from .channel import ExitReason, Stop
 from .contract import Contract
 from .interleave import arm_before, cycle_of, in_turn_order, schedule
-from .oracle import Messages, Outcome, expectation, run_case, run_peers
+from .oracle import (
+    EnvironmentFailure,
+    Messages,
+    Outcome,
+    expectation,
+    run_case,
+    run_peers,
+)
 from .shard import NOMINAL_SCALE_BUDGET, Shard, describe, shard_arms
 from .targets import Target, TargetError, check_signature, default_targets, load_target
 from .verdict import Verdict
@@ -54,6 +62,7 @@ class Failure:
 
 
 WORDING_SAMPLES = 5
+CAUSES = 5  # distinct causes of examples not executable, kept with their counts
 
 
 @dataclass
@@ -81,16 +90,23 @@ class Report:
     saved: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     # With CampaignOptions.history: one record per example, {"t": seconds since the start,
-    # "examples": count, "budget": Outcome.budget, "compile": a first call's slow example}
+    # "examples": count, "budget": Outcome.budget, "compile": whether it compiled,
+    # "compile_seconds": seconds in those compiles (kda_fuzz.compiles)}
     history: list[dict[str, Any]] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)  # more JSON summary keys (shard, ...)
     # seconds spent per stratum ("broken", "valid", "scale"), summed over jobs
     stratum_seconds: Counter = field(default_factory=Counter)
     # verified rows per stratum ("valid", "scale"; ``rows`` is their sum)
     stratum_rows: Counter = field(default_factory=Counter)
-    # cuda: seconds of examples ten times slower than the recent median (first calls of a
-    # shape: compiles)
+    # Triton and Helion compiles during the examples, counted by their hooks
+    # (kda_fuzz.compiles), and the seconds spent in them
+    compiles: int = 0
     compiling_seconds: float = 0.0
+    # examples the execution machinery could not run (an interpreter gap on CPU: never a
+    # verdict), of them valid layouts, and their causes (a few distinct ones, counted)
+    unexecutable: int = 0
+    unexecutable_valid: int = 0
+    unexecutable_causes: Counter = field(default_factory=Counter)
     # supervised jobs: seconds from a job's launch to its first example (the fork, CUDA
     # context, imports of the targets), summed over jobs and restarts
     startup_seconds: float = 0.0
@@ -98,7 +114,8 @@ class Report:
     scale_largest: dict[str, int] = field(default_factory=dict)
 
     COUNTERS = ("examples", "rows", "live_rows", "tail_rows", "valid_cases", "broken_cases",
-                "skipped", "compiling_seconds", "startup_seconds")
+                "skipped", "compiles", "compiling_seconds", "startup_seconds",
+                "unexecutable", "unexecutable_valid")
 
     def record(self, outcome: Outcome, case: Case, stratum: str = "valid") -> None:
         """Count one judged example (its first target's outcome) of ``stratum``; the rows
@@ -131,6 +148,17 @@ class Report:
             if len(self.wording_samples) < WORDING_SAMPLES:
                 self.wording_samples.append(outcome.wording)
 
+    def not_executable(self, exp_ok: bool, cause: str) -> None:
+        """Count an example the execution machinery could not run (not a verdict)."""
+        self.unexecutable += 1
+        self.unexecutable_valid += int(exp_ok)
+        self._causes({cause: 1})
+
+    def _causes(self, causes: dict[str, int]) -> None:
+        for cause, n in causes.items():
+            if cause in self.unexecutable_causes or len(self.unexecutable_causes) < CAUSES:
+                self.unexecutable_causes[cause] += n
+
     def _largest(self, sizes: dict[str, int]) -> None:
         for k, v in sizes.items():
             self.scale_largest[k] = max(v, self.scale_largest.get(k, 0))
@@ -141,13 +169,15 @@ class Report:
         out.update(checks_hit=dict(self.checks_hit), validation_gaps=dict(self.validation_gaps),
                    wording=dict(self.wording), wording_samples=list(self.wording_samples),
                    judged=dict(self.judged), stratum_seconds=dict(self.stratum_seconds),
-                   stratum_rows=dict(self.stratum_rows), scale_largest=dict(self.scale_largest))
+                   stratum_rows=dict(self.stratum_rows), scale_largest=dict(self.scale_largest),
+                   unexecutable_causes=dict(self.unexecutable_causes))
         return out
 
     def add_counters(self, c: dict[str, Any]) -> None:
         """Add another campaign's (a job's) :meth:`counters` to this report's."""
         for n in self.COUNTERS:
-            setattr(self, n, getattr(self, n) + c[n])
+            setattr(self, n, getattr(self, n) + c.get(n, 0))
+        self._causes(c.get("unexecutable_causes", {}))
         self.checks_hit.update(c["checks_hit"])
         self.validation_gaps.update(c["validation_gaps"])
         self.wording.update(c["wording"])
@@ -210,7 +240,10 @@ class Report:
             # summed over jobs (a campaign of 8 jobs has 8 seconds of them per second)
             "stratum_seconds": {k: round(v, 3) for k, v in self.stratum_seconds.items()},
             "stratum_rows": dict(self.stratum_rows),
+            "compiles": self.compiles,
             "compiling_seconds": round(self.compiling_seconds, 3),
+            "not_executable": {"examples": self.unexecutable, "valid": self.unexecutable_valid,
+                               "causes": dict(self.unexecutable_causes)},
             "startup_seconds": round(self.startup_seconds, 3),
             "scale_largest": dict(self.scale_largest),
             "scale_judged": dict(self.judged),
@@ -514,7 +547,6 @@ class Campaign:
         self._first = 0  # the number (over its turns) of the arm's first example of this turn
         self._largest: int | None = None  # the whole plan's largest arm (see arms)
         self._t0 = time.monotonic()
-        self._durations: deque[float] = deque(maxlen=50)
         self._hard_repeats: Counter = Counter()
         self._nth = 0  # the number of the example being run (from 1)
 
@@ -635,15 +667,22 @@ class Campaign:
         if self._deadline is not None and time.monotonic() > self._deadline:
             raise _Stopped
         first: Outcome | None = None
-        t = time.monotonic()
-        for index, target in enumerate(self.targets):
-            outcome = self._judge(pos, index, case, target, budget=first is None)
-            first = first or outcome
-            if outcome.status == "fail":
-                assert outcome.verdict is not None
-                self._failed(case, outcome.verdict, target, pos=pos, index=index)
-            elif outcome.status in ("gap", "skip"):
-                break
+        built = compiles.totals()
+        try:
+            for index, target in enumerate(self.targets):
+                outcome = self._judge(pos, index, case, target, budget=first is None)
+                first = first or outcome
+                if outcome.status == "fail":
+                    assert outcome.verdict is not None
+                    self._failed(case, outcome.verdict, target, pos=pos, index=index)
+                elif outcome.status in ("gap", "skip"):
+                    break
+        except EnvironmentFailure as e:  # not executable here: counted, never a verdict
+            self._compiled(built)
+            self.report.not_executable(expectation(self.contract, case).ok, str(e))
+            if self.on_example is not None:
+                self.on_example(self.report)
+            return
         assert first is not None
         for peer in self.peers if first.status == "pass" else ():
             main = self.targets[0]
@@ -651,13 +690,10 @@ class Campaign:
             if pair.status == "fail" and pair.verdict is not None:
                 self._failed(case, pair.verdict, Target(f"{main.name} vs {peer.name}", main.fn),
                              confirmed=True)
-        seconds = time.monotonic() - t
-        compiling = self._compiling(seconds)
-        if compiling and self.options.device.startswith("cuda"):  # on cpu: big, not new
-            self.report.compiling_seconds += seconds
+        compiled = self._compiled(built)
         self._count(first, case)
         if self.options.history:
-            self._remember(first, compiling)
+            self._remember(first, compiled)
         if len(self.report.failures) >= self.options.max_failures:
             self.stopped = Stop(ExitReason.MAX_FAILURES,
                                 f"{len(self.report.failures)} distinct failures (--max-failures)")
@@ -671,19 +707,19 @@ class Campaign:
                             guard=lambda: self.recorder.call(pos, index),
                             budget=budget and self.options.history)
 
-    def _compiling(self, seconds: float) -> bool:
-        """An example ten times slower than the recent median (and over a quarter second)
-        counts as compiling."""
-        recent = sorted(self._durations)
-        median = recent[len(recent) // 2] if recent else seconds
-        self._durations.append(seconds)
-        return seconds > max(0.25, 10 * median)
+    def _compiled(self, before: compiles.Compiles) -> compiles.Compiles:
+        """Count the compiles since ``before`` (this example's) in the report."""
+        new = compiles.totals() - before
+        self.report.compiles += new.count
+        self.report.compiling_seconds += new.seconds
+        return new
 
-    def _remember(self, outcome: Outcome, compiling: bool) -> None:
+    def _remember(self, outcome: Outcome, compiled: compiles.Compiles) -> None:
         """One history record."""
         self.report.history.append({
             "t": round(time.monotonic() - self._t0, 4), "examples": self.report.examples,
-            "budget": outcome.budget or {}, "compile": compiling})
+            "budget": outcome.budget or {}, "compile": compiled.count > 0,
+            "compile_seconds": round(compiled.seconds, 4)})
 
     def _count(self, outcome: Outcome, case: Case) -> None:
         self.report.record(outcome, case, self._stratum)
@@ -825,6 +861,23 @@ def campaign(contract: Contract, variant: str, targets: list[Target], *,
                                              contract, cand, t.fn, messages=c.options.messages,
                                              strict=c.options.strict))
     return report
+
+
+def require_executed(report: Report) -> None:
+    """Note the examples the execution machinery could not run; raise
+    :class:`EnvironmentFailure` when none of the campaign's valid layouts could run (or
+    nothing at all): then the campaign verified nothing and says so with exit 2."""
+    if not report.unexecutable:
+        return
+    causes = "; ".join(f"{n} x {c}" for c, n in report.unexecutable_causes.most_common())
+    if report.examples == 0 or (report.unexecutable_valid and not report.valid_cases):
+        raise EnvironmentFailure(
+            f"none of the {report.unexecutable_valid} valid layout(s) drawn could run here "
+            f"({report.unexecutable} example(s) not executable: {causes})")
+    report.notes.append(
+        f"not executable here: {report.unexecutable} example(s) "
+        f"({report.unexecutable_valid} valid layouts), skipped: a failure of the execution "
+        f"machinery, not a verdict on the target: {causes}")
 
 
 def minimizable(verdict: Verdict) -> bool:

@@ -25,13 +25,19 @@ from triton.language.extra.libdevice import j0, log1p
 
 from kda_fuzz_kernels.kda_decode import _execution
 from kda_fuzz_kernels.kda_decode._execution import ExecutionEnvironmentError, environment_error
-from tests.foreign import helion_full_slice, helion_scalar_index, triton_row_program
+from tests.foreign import (
+    helion_full_slice,
+    helion_scalar_index,
+    helion_unit_dims,
+    triton_row_program,
+)
 from tests.test_kernels import F32, Shape, check_kernel, make_case
 
 BF16 = torch.bfloat16
 FOREIGN = {
     "helion_scalar_index": helion_scalar_index.decode,
     "helion_full_slice": helion_full_slice.decode,
+    "helion_unit_dims": helion_unit_dims.decode,
     "triton_row_program": triton_row_program.decode,
 }
 # (shape, state/activation dtype, index dtype, l2norm, lower_bound)
@@ -59,6 +65,19 @@ def test_foreign_kernel_matches_reference(name: str, case: tuple) -> None:
     shape, dtype, index_dtype, l2norm, lower_bound = case
     c = make_case(shape, state_dtype=dtype, act_dtype=dtype, index_dtype=index_dtype)
     check_kernel(FOREIGN[name], c, l2norm, lower_bound)
+
+
+def test_size_one_dims_of_helion_code_are_the_cpu_paths_failure() -> None:
+    """At B = H = HV = K = V = 1 (two slots) the Triton Helion generates for this correct
+    kernel is refused by Triton's frontend under the interpreter: an environment error,
+    never the kernel's (the oracle then counts the case as not executable on CPU)."""
+    shape = Shape(B=1, H=1, HV=1, K=1, V=1, slots=2, indices=(1,))
+    c = make_case(shape)
+    e = _raised(lambda: helion_unit_dims.decode(*c.args(c.initial_state, c.out)))
+    cause = environment_error(e)
+    assert cause is not None and "code Helion generated" in cause, repr(e)
+    wider = make_case(Shape(B=2, H=1, HV=2, K=2, V=2, slots=3, indices=(1, -1)))
+    check_kernel(helion_unit_dims.decode, wider)  # it is correct where the path runs it
 
 
 def test_foreign_triton_kernel_masks_non_pow2_heads() -> None:

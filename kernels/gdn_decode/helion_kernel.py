@@ -41,11 +41,14 @@ def _gdn_packed_decode(
             # a one-element tile, not the loaded 0-d scalar: Helion 1.4.0 would emit the
             # scalar as ``slot[:, None]``
             slot = indices[tile_b].to(torch.int64)
-            q_h = q[i, h, :].to(torch.float32)
-            k_h = k[i, h, :].to(torch.float32)
+            # The K vectors are indexed by the row tile too ([1, K]), never by scalars alone:
+            # at K = 1 Helion 1.5.1 emits `q[i, h, :]` with a runtime `i` as a 0-d load and
+            # then indexes it `[None, None, :]`, which Triton rejects (GPU and interpreter).
+            q_h = q[tile_b, h, :].to(torch.float32)  # [1, K]
+            k_h = k[tile_b, h, :].to(torch.float32)
             if use_l2norm:
-                q_h = q_h / torch.sqrt((q_h * q_h).sum(-1) + 1e-6)
-                k_h = k_h / torch.sqrt((k_h * k_h).sum(-1) + 1e-6)
+                q_h = q_h / torch.sqrt((q_h * q_h).sum(-1, keepdim=True) + 1e-6)
+                k_h = k_h / torch.sqrt((k_h * k_h).sum(-1, keepdim=True) + 1e-6)
             x = a[i, h, g].to(torch.float32) + dt_bias[h, g].to(torch.float32)
             x_small = torch.where(x <= 20.0, x, 20.0)
             softplus = torch.where(x <= 20.0, torch.log(1.0 + torch.exp(x_small)), x)
@@ -54,9 +57,9 @@ def _gdn_packed_decode(
 
             s = state[slot, h, g, tile_v, :].to(torch.float32) * decay  # [1, BV, K]
             v_t = v[i, h, g, tile_v].to(torch.float32)  # [BV]
-            delta = beta * (v_t[None, :] - (s * k_h[None, None, :]).sum(-1))
-            s = s + delta[:, :, None] * k_h[None, None, :]
-            o = (s * q_h[None, None, :]).sum(-1) * scale  # [1, BV]
+            delta = beta * (v_t[None, :] - (s * k_h[:, None, :]).sum(-1))
+            s = s + delta[:, :, None] * k_h[:, None, :]
+            o = (s * q_h[:, None, :]).sum(-1) * scale  # [1, BV]
             out[tile_b, h, g, tile_v] = o.to(out.dtype)
             state[slot, h, g, tile_v, :] = s.to(state.dtype)
         else:

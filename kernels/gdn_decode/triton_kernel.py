@@ -82,7 +82,9 @@ def _gdn_packed_decode_kernel(
         + offs_v[:, None] * stride_s2
         + offs_k[None, :] * stride_s3
     )
-    mask_s = mask_v[:, None] & mask_k[None, :] & live
+    # a dead row's state mask is all false through the V bound: `mask & live` with a scalar
+    # `live` turns into 0/1 integers under the interpreter, which triton 3.9 loads refuse
+    mask_s = (offs_v[:, None] < tl.where(live, V, 0)) & mask_k[None, :]
     s = tl.load(p_state, mask=mask_s, other=0).to(tl.float32) * decay
     delta = beta * (v - tl.sum(s * k[None, :], axis=1))
     s += delta[:, None] * k[None, :]

@@ -196,8 +196,30 @@ def _generated_triton_on_cpu(kernel: Any, args: Sequence[Any]) -> Any:
     bound = kernel.bind(tuple(args))
     config = bound._implicit_config() or (kernel.configs[0] if kernel.configs else None)
     compiled = bound.compile_config(config or bound.config_spec.default_config())
-    with _interpreter_context():
-        return compiled(*args, _launcher=_interpreter_launcher)
+    try:
+        with _interpreter_context():
+            return compiled(*args, _launcher=_interpreter_launcher)
+    except Exception as e:
+        cause = _generated_code_gap(e)
+        if cause is None:
+            raise
+        raise ExecutionEnvironmentError(cause) from e
+
+
+def _generated_code_gap(exc: BaseException) -> str | None:
+    """Why a failure of Helion's generated Triton under the interpreter is this path's: a
+    shape or type error of Triton's frontend on code Helion generated for the config
+    chosen here (not the kernel's own source, nor a GPU's config). Seen: size-1
+    dimensions emitted as 0-d or 1-d values that the frontend then refuses to broadcast
+    or index (``Expected pointer argument to have shape ...``, ``Cannot broadcast, rank
+    mismatch``) where the same kernel runs on a GPU."""
+    for e in _causes(exc):
+        file = _raising_file(e)
+        if isinstance(e, (ValueError, TypeError, IndexError)) and file is not None \
+                and _under(file, "triton.language"):
+            return ("the Triton interpreter cannot run the code Helion generated for this "
+                    f"layout on CPU: {_one_line(e)}")
+    return None
 
 
 def run_helion(kernel: Any, args: Sequence[Any]) -> Any:
@@ -497,6 +519,44 @@ def _bf16_patches(interp: Any) -> list[tuple[Any, str, Any]]:
     ]
 
 
+_COMPARISONS = (np.less, np.less_equal, np.greater, np.greater_equal, np.equal, np.not_equal)
+
+
+def _mask_patches(interp: Any, binary_op: Callable[..., Any]) -> list[tuple[Any, str, Any]]:
+    """Keep comparison results and masks boolean, as on a GPU.
+
+    The interpreter labels a comparison's result with its operands' dtype (``int64`` for
+    ``slot >= 0``), so splatting it (``mask_v & valid``) makes 0/1 integers of a mask;
+    triton 3.6's loads accepted such masks, triton 3.9's native loads and stores raise
+    ``ValueError('mask has unsupported dtype')``. Comparisons are labelled ``int1`` and
+    masks reach loads and stores as booleans (nonzero is true, as for an ``i1`` on a GPU).
+    """
+    import triton.language as tl
+
+    builder, handle_cls = interp.InterpreterBuilder, interp.TensorHandle
+
+    def compare(self: Any, lhs: Any, rhs: Any, op: Any) -> Any:
+        out = binary_op(self, lhs, rhs, op)
+        if op in _COMPARISONS:
+            return handle_cls(np.asarray(out.data).astype(np.bool_), tl.int1)
+        return out
+
+    def boolean(mask: Any) -> Any:
+        data = np.asarray(mask.data)
+        return mask if data.dtype == np.bool_ else handle_cls(data != 0, tl.int1)
+
+    masked_load, masked_store = builder.create_masked_load, builder.create_masked_store
+
+    def load(self: Any, ptrs: Any, mask: Any, *args: Any) -> Any:
+        return masked_load(self, ptrs, boolean(mask), *args)
+
+    def store(self: Any, ptrs: Any, value: Any, mask: Any, *args: Any) -> Any:
+        return masked_store(self, ptrs, value, boolean(mask), *args)
+
+    return [(builder, "binary_op", compare), (builder, "create_masked_load", load),
+            (builder, "create_masked_store", store)]
+
+
 _MISSING = object()
 # id(libdevice stub) -> its replacement, while an interpreter context is active
 _stub_replacements: dict[int, Callable[..., Any]] = {}
@@ -574,7 +634,10 @@ def _interpreter_context(kernel: Any = None) -> Iterator[None]:
     replacements = {name: _numpy_libdevice(name, _NP_LIBDEVICE[name]) if name in _NP_LIBDEVICE
                     else _missing_libdevice(name) for name in stubs}
     patches = [(libdevice, name, fn) for name, fn in replacements.items()]
-    patches += [(JITFunction, "__call__", _call_interpreted), *_bf16_patches(interpreter)]
+    bf16 = _bf16_patches(interpreter)
+    binary_op = next(fn for obj, name, fn in bf16 if name == "binary_op")
+    patches += [(JITFunction, "__call__", _call_interpreted), *bf16,
+                *_mask_patches(interpreter, binary_op)]
     token = _inside.set(True)
     _stub_replacements.update({id(stubs[name]): fn for name, fn in replacements.items()})
     try:
@@ -636,7 +699,7 @@ def _gap(e: BaseException, file: str) -> str | None:
         return f"the CPU execution machinery failed: {msg}"
     if file == _module_file("triton.runtime.interpreter") and (
         isinstance(e, NotImplementedError)
-        or (isinstance(e, (ValueError, TypeError)) and str(e).startswith("unsupported"))
+        or (isinstance(e, (ValueError, TypeError)) and "unsupported" in str(e))
     ):
         return f"the Triton interpreter cannot run this kernel: {msg}"
     if isinstance(e, AttributeError) and type(getattr(e, "obj", None)).__name__ == (

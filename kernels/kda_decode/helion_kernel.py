@@ -24,7 +24,7 @@ def _kda_packed_decode(
     a: torch.Tensor,  # [B, H, G, K]
     b: torch.Tensor,  # [B, H, G]
     A_log: torch.Tensor,  # [H, G]
-    dt_bias: torch.Tensor,  # [H, G, K]
+    dt_bias: torch.Tensor,  # [B, H, G, K] (stride 0 along B)
     state: torch.Tensor,  # [num_slots, H, G, V, K]
     out: torch.Tensor,  # [B, H, G, V]
     indices: torch.Tensor,  # [B]
@@ -43,12 +43,16 @@ def _kda_packed_decode(
             # The slot is indexed as a one-element tile: a loaded 0-d scalar would be
             # emitted as ``slot[:, None]`` by Helion 1.4.0's codegen.
             slot = indices[tile_b].to(torch.int64)
-            q_h = q[i, h, :].to(torch.float32)
-            k_h = k[i, h, :].to(torch.float32)
+            # The K vectors are indexed by the row tile too ([1, K]), never by scalars alone:
+            # at K = 1 Helion 1.5.1 emits `q[i, h, :]` with a runtime `i` as a 0-d load and
+            # then indexes it `[None, None, :]`, which Triton rejects (GPU and interpreter).
+            q_h = q[tile_b, h, :].to(torch.float32)  # [1, K]
+            k_h = k[tile_b, h, :].to(torch.float32)
             if use_l2norm:
-                q_h = q_h / torch.sqrt((q_h * q_h).sum(-1) + 1e-6)
-                k_h = k_h / torch.sqrt((k_h * k_h).sum(-1) + 1e-6)
-            x = a[i, h, g, :].to(torch.float32) + dt_bias[h, g, :].to(torch.float32)
+                q_h = q_h / torch.sqrt((q_h * q_h).sum(-1, keepdim=True) + 1e-6)
+                k_h = k_h / torch.sqrt((k_h * k_h).sum(-1, keepdim=True) + 1e-6)
+            # dt_bias comes with a stride-0 row dimension (host side) for the same reason
+            x = a[tile_b, h, g, :].to(torch.float32) + dt_bias[tile_b, h, g, :].to(torch.float32)
             A = torch.exp(A_log[h, g].to(torch.float32))
             if use_lower_bound:
                 gate = lower_bound * torch.sigmoid(A * x)
@@ -58,11 +62,11 @@ def _kda_packed_decode(
             beta = torch.sigmoid(b[i, h, g].to(torch.float32))
 
             s = state[slot, h, g, tile_v, :].to(torch.float32)  # [1, BV, K]
-            s = s * torch.exp(gate)[None, None, :]
+            s = s * torch.exp(gate)[:, None, :]
             v_t = v[i, h, g, tile_v].to(torch.float32)  # [BV]
-            r = beta * (v_t[None, :] - (s * k_h[None, None, :]).sum(-1))
-            s = s + r[:, :, None] * k_h[None, None, :]
-            o = (s * q_h[None, None, :]).sum(-1) * scale  # [1, BV]
+            r = beta * (v_t[None, :] - (s * k_h[:, None, :]).sum(-1))
+            s = s + r[:, :, None] * k_h[:, None, :]
+            o = (s * q_h[:, None, :]).sum(-1) * scale  # [1, BV]
             out[tile_b, h, g, tile_v] = o.to(out.dtype)
             state[slot, h, g, tile_v, :] = s.to(state.dtype)
         else:
@@ -127,7 +131,7 @@ def helion_fused_recurrent_kda_packed_decode(
                 a.unflatten(1, (H, G, K)),
                 b.unflatten(1, (H, G)),
                 A_log.unflatten(0, (H, G)),
-                dt_bias.unflatten(0, (H, G, K)),
+                dt_bias.unflatten(0, (H, G, K)).expand(B, H, G, K),
                 st.unflatten(1, (H, G)),
                 o.view(B, H, G, V),
                 ssm_state_indices,

@@ -88,7 +88,9 @@ def _kda_packed_decode_kernel(
         + o_v[:, None] * stride_s2
         + o_k[None, :] * stride_s3
     )
-    m_s = m_v[:, None] & m_k[None, :] & valid
+    # a dead row's state mask is all false through the V bound: `mask & valid` with a scalar
+    # `valid` turns into 0/1 integers under the interpreter, which triton 3.9 loads refuse
+    m_s = (o_v[:, None] < tl.where(valid, V, 0)) & m_k[None, :]
     b_s = tl.load(p_s, mask=m_s, other=0).to(tl.float32) * tl.exp(g)[None, :]
     r = beta * (b_v - tl.sum(b_s * b_k[None, :], axis=1))
     b_s += r[:, None] * b_k[None, :]

@@ -1,0 +1,19 @@
+"""Targets that the CPU execution machinery cannot run on some or all layouts (raised as
+the machinery would: ``ExecutionEnvironmentError``), correct wherever they run."""
+
+from __future__ import annotations
+
+from kda_fuzz_kernels.kda_decode import reference_kda_packed_decode
+from kda_fuzz_kernels.kda_decode._execution import ExecutionEnvironmentError
+
+
+def gap_at_one_row(*args):
+    """Correct, except that a batch of one row is not executable here."""
+    if args[0].shape[0] == 1:
+        raise ExecutionEnvironmentError("the Triton interpreter cannot run this layout")
+    return reference_kda_packed_decode(*args)
+
+
+def never_runs(*args):
+    """Never executable here."""
+    raise ExecutionEnvironmentError("no interpreter for this kernel")
