@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .names import DEFAULT_FAMILY, FAMILIES, VARIANTS, check_variant
+from .names import DEFAULT_FAMILY, FAMILIES, VARIANTS
 
 # Nothing heavy (torch, the contracts, the kernels) is imported above this line or before
 # the arguments are parsed and checked: a usage error or --help answers at once.
@@ -87,12 +87,13 @@ def _targets_group(p: argparse.ArgumentParser, replay: bool) -> argparse._Argume
                    help="callable under test, with the contract's signature (repeatable; "
                         "default: the targets of [tool.kda-fuzz.targets.FAMILY] in the "
                         "project's pyproject.toml, else kda-fuzz's own kernels)")
-    g.add_argument("--family", default=None, choices=tuple(FAMILIES),
-                   help="kernel family: its contract and arguments (default: "
+    g.add_argument("--family", default=None, metavar="FAMILY",
+                   help=f"kernel family: {', '.join(FAMILIES)} or one of the project's "
+                        "[tool.kda-fuzz] families (default: "
                         + ("each file's own" if replay else
                            "the one the project configures targets for, else "
                            f"{DEFAULT_FAMILY}") + ")")
-    g.add_argument("--contract", default=None, choices=VARIANTS, metavar="VARIANT",
+    g.add_argument("--contract", default=None, metavar="VARIANT",
                    help="contract variant, {" + ",".join(VARIANTS) + "} (kda: helion = "
                         "checks 1-22, triton = no check 14; gdn: triton = the documented "
                         "checks, helion = plus power-of-two K and V); default: "
@@ -315,11 +316,12 @@ def check_fuzz_args(args: argparse.Namespace) -> None:
             raise UsageError(f"--jobs must be a positive integer or auto, not {args.jobs!r}")
     if args.shard is not None:
         _shard(args)
-    if args.family is not None and args.contract is not None:
-        try:
-            check_variant(args.family, args.contract)
-        except ValueError as e:
-            raise UsageError(str(e)) from None
+    if args.family is not None:
+        _check_variant(args.family, args.contract)
+    elif args.contract is not None and args.contract not in VARIANTS \
+            and not _config().families:
+        raise UsageError(f"unknown variant {args.contract!r} (choose from "
+                         f"{', '.join(VARIANTS)})")
 
 
 def _check_device(device: str) -> re.Match[str] | None:
@@ -393,6 +395,28 @@ def _target_specs(args: argparse.Namespace, contract: Any) -> tuple[list[str], l
     return list(specs), list(getattr(args, "peer", None) or ())  # replay has no --peer
 
 
+def _families(family: str | None) -> dict[str, tuple[str, ...]]:
+    """Family -> variants: the built-in ones (no import), plus the project's own when
+    ``family`` is none of those (importing them: they are only known by their contracts)."""
+    if family is None or family in FAMILIES or not _config().families:
+        return FAMILIES
+    _project_families()
+    from .contracts import family_names, get_contract
+
+    return {**FAMILIES, **{n: get_contract(n).variants for n in family_names()}}
+
+
+def _check_variant(family: str, variant: str | None) -> None:
+    """A usage error unless ``family`` (and ``variant``, when given) are known."""
+    families = _families(family)
+    if family not in families:
+        raise UsageError(f"unknown contract family {family!r} (known: "
+                         f"{', '.join(families)})")
+    if variant is not None and variant not in families[family]:
+        raise UsageError(f"contract {family!r} has no variant {variant!r} (choose from "
+                         f"{', '.join(families[family])})")
+
+
 def _choose(args: argparse.Namespace) -> Any:
     """The campaign's family, variant and targets (:func:`kda_fuzz.config.choose_campaign`);
     sets ``args.family`` and ``args.contract`` to them."""
@@ -405,8 +429,8 @@ def _choose(args: argparse.Namespace) -> Any:
 
     try:
         chosen = choose_campaign(_config(), args.family, args.contract, args.target or (),
-                                 FAMILIES, defaults)
-        check_variant(chosen.family, chosen.variant)
+                                 _families(args.family), defaults)
+        _check_variant(chosen.family, chosen.variant)
     except (ConfigError, ValueError) as e:
         raise UsageError(str(e)) from None
     args.family, args.contract, args.chosen = chosen.family, chosen.variant, chosen
@@ -851,11 +875,12 @@ def _replay(args: argparse.Namespace) -> int:
 
     if args.timeout <= 0:
         raise UsageError("--timeout must be positive")
-    if args.family is not None and args.contract is not None:
-        try:
-            check_variant(args.family, args.contract)
-        except ValueError as e:
-            raise UsageError(str(e)) from None
+    if args.family is not None:
+        _check_variant(args.family, args.contract)
+    elif args.contract is not None and args.contract not in VARIANTS \
+            and not _config().families:
+        raise UsageError(f"unknown variant {args.contract!r} (choose from "
+                         f"{', '.join(VARIANTS)})")
     m = _check_device(args.device)
     from .contracts import CONTRACTS
 
