@@ -169,8 +169,9 @@ def _fuzz_parser(sub: Any) -> None:
                    help="share of the valid examples spent on --layout pins (default 0.75)")
     t.add_argument("--unsupported", action="append", default=[],
                    metavar="FEATURE|FIELD=VALUE",
-                   help="what the targets do not support, never drawn for them: lower_bound, "
-                        "strides, padding, l2norm, or one value (state=float16, "
+                   help="what the targets do not support, never drawn for them: a feature "
+                        "(kda: the gate's lower bound, strides, padding, l2norm) or one "
+                        "value (state=float16, "
                         "indices=int64, l2norm=False); repeatable; also from a target's "
                         "kda_fuzz_unsupported attribute and [tool.kda-fuzz.unsupported]")
     z = f.add_argument_group("sizes")
