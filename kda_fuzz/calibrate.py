@@ -42,9 +42,9 @@ class Sizing:
     def note(self) -> str:
         return (f"sizes capped for a slow target: {1e3 * self.fixed:.0f} ms per call, "
                 f"{1e3 * self.per_row_head:.2f} ms per row and head, "
-                f"{1e6 * self.per_element:.2f} us per state element measured; B*HV <= "
-                f"{self.max_bhv}, B*HV*V*K <= {self.budget} (about {EXAMPLE_SECONDS:g} s per "
-                "example; --budget/--max-b override)")
+                f"{1e6 * self.per_element:.2f} us per state element measured; at most "
+                f"{self.max_bhv} programs (rows x heads) and {self.budget} state elements a "
+                f"case (about {EXAMPLE_SECONDS:g} s per example; --budget/--max-b override)")
 
 
 def calibrate(contract: Contract, variant: str, target: str, *, timeout: float = 60.0,

@@ -270,8 +270,8 @@ def _encode_runs(flat: torch.Tensor, runs: list[tuple[int, int, bytes | None]]
             items.append({"count": count, "fill": element.hex()})
         else:
             raw = _le_bytes(flat[start:start + count])
-            packed = zlib.compress(raw, ZLIB_LEVEL)
-            items.append({"count": count, "base_bytes": base64.b64encode(packed).decode("ascii")})
+            deflated = zlib.compress(raw, ZLIB_LEVEL)
+            items.append({"count": count, "base_bytes": base64.b64encode(deflated).decode("ascii")})
     return {"encoding": "runs", "runs": items}
 
 
@@ -286,9 +286,9 @@ def _encode_base(base: torch.Tensor) -> dict[str, Any]:
     if runs is not None:
         return _encode_runs(base.detach().reshape(-1), runs)
     raw = _le_bytes(base)
-    packed = zlib.compress(raw, ZLIB_LEVEL)
-    if len(packed) < len(raw):
-        return {"encoding": "zlib+base64", "base_bytes": base64.b64encode(packed).decode("ascii")}
+    deflated = zlib.compress(raw, ZLIB_LEVEL)
+    if len(deflated) < len(raw):
+        return {"encoding": "zlib+base64", "base_bytes": base64.b64encode(deflated).decode("ascii")}
     return {"encoding": "base64", "base_bytes": base64.b64encode(raw).decode("ascii")}
 
 
@@ -328,12 +328,12 @@ def _packed_size(flat: torch.Tensor, raw_ok: bool) -> int:
         return _b64_len(min(len(zlib.compress(raw, ZLIB_LEVEL)), limit))
     per = max(1, _SAMPLE_BYTES // flat.element_size())
     starts = [round(i * (flat.numel() - per) / (_SAMPLES - 1)) for i in range(_SAMPLES)]
-    sampled = packed = 0
+    sampled = deflated = 0
     for start in starts:
         raw = _le_bytes(flat[start:start + per])
         sampled += len(raw)
-        packed += len(zlib.compress(raw, ZLIB_LEVEL))
-    return _b64_len(min(limit, math.ceil(nbytes * packed / sampled)))
+        deflated += len(zlib.compress(raw, ZLIB_LEVEL))
+    return _b64_len(min(limit, math.ceil(nbytes * deflated / sampled)))
 
 
 def _tensor_header(arg: TensorArg) -> dict[str, Any]:
@@ -695,12 +695,12 @@ def _int_list(obj: dict, key: str, where: str) -> tuple[int, ...]:
     return tuple(value)
 
 
-def _inflate(packed: bytes, expected: int, where: str) -> bytes:
-    """The zlib stream ``packed``, which must inflate to exactly ``expected`` bytes; never
+def _inflate(deflated: bytes, expected: int, where: str) -> bytes:
+    """The zlib stream ``deflated``, which must inflate to exactly ``expected`` bytes; never
     more than ``expected`` are produced, whatever the stream holds."""
     d = zlib.decompressobj()
     try:
-        data = d.decompress(packed, expected)
+        data = d.decompress(deflated, expected)
         tail = d.unconsumed_tail
         while not d.eof and tail:  # the end of the stream may follow the last byte
             if d.decompress(tail, 1):
@@ -780,10 +780,10 @@ def _decode_runs(obj: dict, where: str, dtype: torch.dtype, dtype_name: str, num
         else:
             text = _field(run, "base_bytes", str, at)
             try:
-                packed = base64.b64decode(text.encode("ascii"), validate=True)
+                deflated = base64.b64decode(text.encode("ascii"), validate=True)
             except (binascii.Error, UnicodeEncodeError) as e:
                 raise ValueError(f"{at}.base_bytes is not valid base64 ({e})") from None
-            parsed.append((count, packed))
+            parsed.append((count, deflated))
         total += count
         if total > numel:
             break

@@ -85,20 +85,20 @@ STATE, ROUND, ARM, EXAMPLE, TARGET, SINCE = range(6)
 IDLE, CALLING, FAULTED, JUDGING = 0.0, 1.0, 2.0, 3.0  # JUDGING: after a call, before the next
 
 
-def device_for(device: str, slot: int) -> str:
-    """The device of worker ``slot``: for ``cuda`` GPU ``slot mod n``; ``cuda:i`` and
+def device_for(device: str, worker: int) -> str:
+    """The device of worker ``worker``: for ``cuda`` GPU ``worker mod n``; ``cuda:i`` and
     ``cpu`` as given."""
     if device != "cuda":
         return device
     import torch
 
-    return f"cuda:{slot % max(1, torch.cuda.device_count())}"
+    return f"cuda:{worker % max(1, torch.cuda.device_count())}"
 
 
-def claim_device(device: str, slot: int, per_gpu: int = JOBS_PER_GPU) -> str:
-    """``device_for(device, slot)``; a GPU is made current and capped to ``0.9 / per_gpu``
+def claim_device(device: str, worker: int, per_gpu: int = JOBS_PER_GPU) -> str:
+    """``device_for(device, worker)``; a GPU is made current and capped to ``0.9 / per_gpu``
     of its memory so that ``per_gpu`` workers cannot exhaust it."""
-    device = device_for(device, slot)
+    device = device_for(device, worker)
     if not device.startswith("cuda"):
         return device
     import torch

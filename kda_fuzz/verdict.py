@@ -91,10 +91,7 @@ class Verdict:
         named = self.extra.get("outputs")
         if named:
             return sorted(str(n) for n in named)
-        out = [self.output] if self.output else []
-        if self.extra.get("state_out_of_tolerance"):  # files written before "outputs"
-            out.append("initial_state")
-        return sorted(set(out))
+        return [self.output] if self.output else []
 
     def same_failure(self, other: Verdict | None) -> bool:
         """Same :meth:`signature` (the variant is the case's, shared by both)."""
