@@ -106,8 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop after N distinct failures (default 20); repeats of a known "
                         "failure are counted, not kept")
     f.add_argument("--max-seconds", type=float, default=None,
-                   help="the command's wall time (start-up, campaign, minimization and "
-                        "saving share it): it ends within max(5 s, 5 %%) of it, every "
+                   help="the command's wall time from the process's start (start-up, "
+                        "campaign, minimization and saving share it): it ends within "
+                        "max(5 s, 5 %%) of it, every "
                         "confirmed failure saved (unminimized, and marked so, where "
                         "minimization was cut short; default: none)")
     f.add_argument("--messages", choices=("exact", "class"), default="exact",
