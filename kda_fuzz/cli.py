@@ -18,9 +18,25 @@ from .names import DEFAULT_FAMILY, FAMILIES, VARIANTS
 # Nothing heavy (torch, the contracts, the kernels) is imported above this line or before
 # the arguments are parsed and checked: a usage error or --help answers at once.
 
+
+def _process_started() -> float:
+    """When this process started, on the ``time.monotonic()`` clock: the interpreter's own
+    start and its imports (torch: seconds) count against ``--max-seconds`` too. Linux
+    only (``/proc``); elsewhere, now."""
+    now = time.monotonic()
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22: starttime
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        age = uptime - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return now
+    return now - age if 0 <= age < 3600 else now  # (a suspended machine: not the age)
+
+
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 DEFAULT_CORPUS = os.path.join("corpus", "found")  # collected by the pytest plugin
-STARTED = time.monotonic()  # the command's start: --max-seconds counts from here
 WRAP_UP_SECONDS = 3.0  # at most: the campaign stops drawing this long before --max-seconds
 
 DESCRIPTION = """\
@@ -139,8 +155,9 @@ def _fuzz_parser(sub: Any) -> None:
     c.add_argument("--seed", type=int, metavar="N", default=None,
                    help="seed for a reproducible campaign")
     c.add_argument("--max-seconds", type=float, metavar="S", default=None,
-                   help="the command's wall time (start-up, campaign, minimization and "
-                        "saving share it): it ends within max(5 s, 5 %%) of it, every "
+                   help="the command's wall time from the process's start (start-up, "
+                        "campaign, minimization and saving share it): it ends within "
+                        "max(5 s, 5 %%) of it, every "
                         "confirmed failure saved (unminimized, and marked so, where "
                         "minimization was cut short; default: none)")
     c.add_argument("--max-failures", type=int, default=20, metavar="N",
@@ -516,7 +533,8 @@ def _fuzz(args: argparse.Namespace, signals: Any = None) -> int:
                        seed=DEFAULT_SEED if args.seed is None else args.seed)
     if options["seed"] is None:  # chosen here: the saved files name it
         options["seed"] = random.randrange(2**31)
-    deadline = None if args.max_seconds is None else STARTED + args.max_seconds
+    started = getattr(args, "started", None) or time.monotonic()
+    deadline = None if args.max_seconds is None else started + args.max_seconds
     if deadline is not None:  # the jobs stop drawing first, then are stopped, then saving
         options["deadline"] = deadline - min(WRAP_UP_SECONDS, 0.05 * args.max_seconds)
     early = None
@@ -928,10 +946,14 @@ def _project_families() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``kda-fuzz`` console script."""
     parser = build_parser()
+    # the console command counts --max-seconds from the process's start; a call from
+    # Python (tests, scripts) from the call
+    started = _process_started() if argv is None else time.monotonic()
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse exits 2 on usage errors, 0 on --help
         return int(e.code or 0)
+    args.started = started
     if args.command is None:  # no subcommand: list them
         parser.print_help(sys.stderr)
         return EXIT_USAGE

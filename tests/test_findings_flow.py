@@ -159,8 +159,8 @@ def test_max_seconds_bounds_the_command_and_saves_every_finding(tmp_path: Path) 
     wall = time.monotonic() - t0
     err = lines.text()
     assert proc.returncode == 1, err
-    # max(5 s, 5 %) past the bound, plus the interpreter's own start before kda-fuzz runs
-    assert wall < bound + 5 + 10, (wall, err)
+    # max(5 s, 5 %) past the bound (the process's start counts), and room for the load
+    assert wall < bound + max(5, 0.05 * bound) + 5, (wall, err)
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["failures"] >= 1 and summary["stopped"] == "deadline"
     saved = {m.group(2) for m in SAVED.finditer(err)}
