@@ -3,11 +3,14 @@
 A crash or a hang costs a job's restart (and a hang the calibrated timeout); once one is
 found, running more layouts like it mostly pays that price again. A layout's signature
 is its stratum (``broken``, ``valid``, ``scale``) with each of its features: its size
-class (:func:`kda_fuzz.timeouts.size_class`), each tensor's dtype and the bit length of
-each of its dimensions. For every feature the job counts the layouts it ran and those
-that crashed or hung; a drawn layout whose riskiest feature faulted ``f`` times in ``n``
-runs is run with probability ``(1 - f / (n + 1))^2`` (at least ``MIN_SHARE``), else it is
-rejected as a Hypothesis draw: the arm's examples go to other layouts of the same
+class (:func:`kda_fuzz.timeouts.size_class`) and each tensor's dtype and dimensions, as
+"at least 2^k" and "below 2^k" for every k (a fault of large batches is one feature,
+whatever their sizes). For every feature the job counts the layouts it ran and those
+that crashed or hung. A feature's fault rate is ``f / (n + 1)`` (``f`` faults in ``n``
+runs); a drawn layout whose riskiest feature's rate ``r`` is above its stratum's ``r0``
+is run with probability ``((1 - r) / (1 - r0))^3`` (at least ``MIN_SHARE``; a feature
+that faults no more often than any layout does is no evidence), else it is rejected as
+a Hypothesis draw: the arm's examples go to other layouts of the same
 stratum, the other strata keep theirs, and the campaign runs its whole example budget.
 
 The decisions are a fixed function of the seed, the position and the counts, which a job
@@ -32,23 +35,33 @@ MIN_SHARE = 1 / 16  # the least share of its draws a faulting signature keeps
 Feature = tuple[Any, ...]
 
 
+BITS = 40  # thresholds 2^0 .. 2^(BITS-1)
+
+
+def _thresholds(stratum: str, what: tuple[Any, ...], n: int) -> list[Feature]:
+    """``n >= 2^k`` for every k it meets, ``n < 2^k`` for every k it does not."""
+    bits = min(BITS, int(n).bit_length())
+    return ([(stratum, *what, ">=", k) for k in range(bits)]
+            + [(stratum, *what, "<", k) for k in range(bits, BITS)])
+
+
 def features(stratum: str, case: Case) -> list[Feature]:
     """The features of a layout that a fault is attributed to (family-agnostic)."""
-    out: list[Feature] = [(stratum, "size", size_class(case))]
+    out = [(stratum, "all")]
+    out += _thresholds(stratum, ("size",), 1 << max(0, size_class(case) - 1))
     for name, t in sorted(case.tensors.items()):
         out.append((stratum, name, "dtype", str(t.dtype).replace("torch.", "")))
-        out.extend((stratum, name, d, int(n).bit_length()) for d, n in enumerate(t.shape))
+        for d, n in enumerate(t.shape):
+            out += _thresholds(stratum, (name, d), n)
     return out
 
 
 def describe_feature(f: Feature) -> str:
-    """A feature in words: ``valid: mixed_qkv.shape[0] in 64-127``."""
-    if f[1] == "size":
-        return f"{f[0]}: {2 ** max(0, f[2] - 1)}-{2 ** f[2] - 1} elements"
+    """A feature in words: ``valid: mixed_qkv.shape[0] >= 64``."""
     if f[2] == "dtype":
         return f"{f[0]}: {f[1]} {f[3]}"
-    lo, hi = (0, 0) if f[3] == 0 else (2 ** (f[3] - 1), 2 ** f[3] - 1)
-    return f"{f[0]}: {f[1]}.shape[{f[2]}] in {lo}-{hi}"
+    what = "elements" if f[1] == "size" else f"{f[1]}.shape[{f[2]}]"
+    return f"{f[0]}: {what} {f[-2]} {2 ** f[-1]}"
 
 
 class Steering:
@@ -64,15 +77,20 @@ class Steering:
             self.faults.update(state["faults"])
             self.rejected = set(state["rejected"])
 
-    def risk(self, stratum: str, case: Case) -> tuple[float, Feature | None]:
-        """The riskiest feature of the layout and its fault rate (0 without a fault)."""
-        best: tuple[float, Feature | None] = (0.0, None)
+    def _rate(self, f: Feature) -> float:
+        return self.faults.get(f, 0) / (self.runs.get(f, 0) + 1)
+
+    def risk(self, stratum: str, case: Case) -> tuple[float, float, Feature | None]:
+        """The stratum's fault rate, the layout's riskiest feature and its rate (``None``
+        when no feature of it faults more often than the stratum)."""
+        base = self._rate((stratum, "all"))
+        best: tuple[float, float, Feature | None] = (base, base, None)
+        if not base:
+            return best
         for f in features(stratum, case):
-            k = self.faults.get(f, 0)
-            if k:
-                rate = k / (self.runs[f] + 1)
-                if rate > best[0]:
-                    best = (rate, f)
+            rate = self._rate(f)
+            if rate > best[1]:
+                best = (base, rate, f)
         return best
 
     def admits(self, pos: Position, stratum: str, case: Case, *,
@@ -81,12 +99,12 @@ class Steering:
         ``replay``: a draw before the resume point, decided as it was then."""
         if replay:
             return pos not in self.rejected, None
-        rate, why = self.risk(stratum, case)
+        base, rate, why = self.risk(stratum, case)
         if why is None:
             return True, None
-        share = max(MIN_SHARE, (1.0 - rate) ** 2)
+        share = max(MIN_SHARE, ((1.0 - rate) / (1.0 - base)) ** 3)
         u = zlib.crc32(f"{self.seed}:{pos[0]}:{pos[1]}:{pos[2]}".encode()) / 2**32
-        if u < share:
+        if share >= 1.0 or u < share:
             return True, None
         self.rejected.add(pos)
         return False, why
