@@ -94,14 +94,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="hold targets to the hardened contract: degenerate layouts that the "
                         "documented checks let through (HV = 0, V = 0) must raise too")
     f.add_argument("--timeout", type=float, default=60.0,
-                   help="seconds a target may take on one case before it counts as a hang")
+                   help="the most seconds a target may take on one case before it counts as "
+                        "a hang (default 60); isolated campaigns calibrate a shorter limit "
+                        "per call: 10x the slowest call of its size class seen (of a first "
+                        "call for a new shape or process), at least 2 s")
     f.add_argument("--peer", action="append", metavar="MODULE:CALLABLE",
                    help="peer mode: also judge this implementation and compare the first "
                         "target's outputs with it on every accepted layout (repeatable)")
     f.add_argument("--no-isolate", action="store_true",
                    help="no flight record: with one job, run targets in this process; with "
                         "--jobs N, a crash or hang of a target ends the run (default: "
-                        "isolated; a crash costs one restart of a job)")
+                        "isolated; a crash costs one restart of a job, and layouts like it "
+                        "get less of the budget)")
     f.add_argument("--jobs", "-j", default="1", metavar="N|auto",
                    help="run the campaign's plan as N supervised processes, each with its "
                         "share of the breakage strata and compile families (auto: 8 per "
