@@ -222,12 +222,15 @@ def _fuzz_parser(sub: Any) -> None:
                         "share of the breakage strata and compile groups (auto: 8 per GPU "
                         "on cuda, one per core on cpu; default: auto on cuda, 1 on cpu)")
     i.add_argument("--timeout", type=float, default=60.0, metavar="S",
-                   help="seconds a target may take on one case before it counts as a hang "
-                        "(default 60)")
+                   help="the most seconds a target may take on one case before it counts as "
+                        "a hang (default 60); isolated campaigns calibrate a shorter limit "
+                        "per call: 10x the slowest call of its size class seen (of a first "
+                        "call for a new shape or process), at least 2 s")
     i.add_argument("--no-isolate", action="store_true",
                    help="no flight record: with one job, run targets in this process; with "
                         "--jobs N, a crash or hang of a target ends the run (default: "
-                        "isolated; a crash costs one restart of a job)")
+                        "isolated; a crash costs one restart of a job, and layouts like it "
+                        "get less of the budget)")
     o = _output_group(f)
     o.add_argument("--corpus", default=None, metavar="DIR",
                    help="save each minimized failing case into DIR as soon as it is "

@@ -9,11 +9,15 @@ from its own pipe (a job killed mid-message can only break its own pipe, which i
 restart replaces; a queue shared by all jobs would stay locked) and watches the records:
 
 * a job that dies while a target runs is a ``crash`` of that target at that position,
-  one that stays in a target call past ``timeout`` is killed, a ``timeout``;
+  one that stays in a target call past the limit the job set for it is killed, a
+  ``timeout`` (the limit is calibrated from the target's measured call times, see
+  :mod:`kda_fuzz.timeouts`; ``timeout`` is its ceiling);
 * the job is restarted from its last progress message with the same plan and seed; it
   fast-forwards to where it stood (the same seeds draw the same cases), regenerates the
   case that crashed, exactly as launched, records it as a failure without running it,
-  and goes on: a campaign with a crash covers the same examples as one without;
+  and goes on: a campaign with a crash runs its whole example budget, however many
+  crashes it meets, with less of it spent on layouts like those that crashed
+  (:mod:`kda_fuzz.steering`);
 * a job that dies or stalls outside a target call is the fuzzer's own failure
   (``JobError``), never a verdict against the target.
 
@@ -61,7 +65,6 @@ from .minimize import minimize_with_verdict
 from .oracle import EnvironmentFailure, device_error
 from .process import exit_with_parent, how_it_ended, worker_context, worker_process
 from .runner import (
-    HARD_REPEATS,
     Campaign,
     CampaignOptions,
     Failure,
@@ -72,6 +75,9 @@ from .runner import (
     load_target,
     minimizable,
 )
+from .steering import note as shifted_note
+from .timeouts import Calibration, describe, merged, store_size
+from .timeouts import note as timeout_note
 from .verdict import Verdict
 
 JOBS_PER_GPU = 4  # xdist workers sharing one GPU
@@ -80,8 +86,11 @@ PROGRESS_EVERY = 0.25  # seconds between a job's progress messages
 STALL_SECONDS = 600.0  # a job silent this long outside a target call is stuck (ours)
 STOP_GRACE = 3.0  # seconds a job may take to end its example after an interrupt
 
-# Flight record fields (one shared array of doubles per job).
-STATE, ROUND, ARM, EXAMPLE, TARGET, SINCE = range(6)
+# Flight record fields (one shared array of doubles per job): LIMIT, the seconds the call
+# in flight may take (0: the supervisor's timeout); from CALIBRATION on, the job's
+# kda_fuzz.timeouts store (kept across its restarts).
+STATE, ROUND, ARM, EXAMPLE, TARGET, SINCE, LIMIT = range(7)
+CALIBRATION = 7
 IDLE, CALLING, FAULTED, JUDGING = 0.0, 1.0, 2.0, 3.0  # JUDGING: after a call, before the next
 
 
@@ -142,15 +151,29 @@ class Job:
     seen: frozenset[tuple[Any, ...]] = frozenset()  # signatures of failures already kept
     isolate: bool = True  # keep the flight record (else: no restart after a crash)
     launched: float = 0.0  # time.monotonic() when the supervisor started the process
+    timeout: float = 60.0  # the ceiling of the calibrated per-call timeout
 
 
 class _SharedRecorder(Recorder):
     """A job's flight record in shared memory, and its progress messages."""
 
     def __init__(self, record: Any, send: Callable[[Position], None], device: str,
-                 flight: bool = True) -> None:
+                 flight: bool = True, calibration: Calibration | None = None) -> None:
         self.record, self.send, self.device, self.flight = record, send, device, flight
+        self.calibration = calibration  # None: the supervisor's fixed timeout
         self.last = 0.0
+        self._case: Any = None
+        self._timing: tuple[int, float] | None = None  # (target, start) of a call to time
+
+    def expect(self, case: Any) -> None:
+        self._case = case
+
+    def _timed(self) -> None:
+        """The call being timed has ended (cpu: it returned; cuda: its launches finished)."""
+        if self._timing is not None and self.calibration is not None and self._case is not None:
+            target, start = self._timing
+            self.calibration.observe(target, self._case, time.monotonic() - start)
+        self._timing = None
 
     @contextmanager
     def call(self, position: Position, target: int) -> Any:
@@ -159,11 +182,16 @@ class _SharedRecorder(Recorder):
             return
         r = self.record
         r[ROUND], r[ARM], r[EXAMPLE], r[TARGET] = (*position, target)
+        cal, case = self.calibration, self._case
+        if cal is not None and case is not None:
+            r[LIMIT] = cal.limit(target, case)
         r[SINCE] = time.monotonic()
+        self._timing = (target, r[SINCE])
         r[STATE] = CALLING
         yield
         if not self.device.startswith("cuda"):
             r[STATE] = JUDGING
+            self._timed()
         # on cuda the call stays the target's until ``settle`` has seen the device finish
         # its launches: no sync here (each costs a time slice on a GPU shared by jobs)
 
@@ -185,6 +213,7 @@ class _SharedRecorder(Recorder):
         except Exception as e:
             self._fault(e)
         self.record[STATE] = JUDGING
+        self._timed()  # (the judge's read is in it: what the supervisor's clock sees too)
 
     def _fault(self, error: BaseException) -> NoReturn:
         self.record[STATE] = FAULTED  # the CUDA context is gone: report, then die here
@@ -227,6 +256,9 @@ def _run_job(job: Job, conn: Any, stop: Any, record: Any) -> None:
             targets = [Target(t.name, job.wrap(t.fn)) for t in targets]
         options = CampaignOptions(**{**job.options.__dict__, "device": device})
         holder: list[Campaign] = []
+        n_targets = len(targets) + len(peers)
+        calibration = Calibration(record, n_targets, job.timeout, offset=CALIBRATION) \
+            if job.isolate and len(record) >= CALIBRATION + store_size(n_targets) else None
 
         sent = [0]  # history records already sent
 
@@ -234,6 +266,7 @@ def _run_job(job: Job, conn: Any, stop: Any, record: Any) -> None:
             rep = holder[0].report
             counters = rep.counters()
             counters["history"], sent[0] = rep.history[sent[0]:], len(rep.history)
+            counters["steering"] = holder[0].steering.state(position)  # (resumes with it)
             return position, counters
 
         def on_failure(f: Failure, new: bool) -> None:
@@ -246,7 +279,7 @@ def _run_job(job: Job, conn: Any, stop: Any, record: Any) -> None:
                 else JobRepeat(job.index, f.signature, snapshot(where)))
 
         rec = _SharedRecorder(record, lambda pos: put(JobProgress(job.index, snapshot(pos))),
-                              device, flight=job.isolate)
+                              device, flight=job.isolate, calibration=calibration)
         c = Campaign(contract, job.variant, targets, peers=peers, options=options,
                      on_failure=on_failure, stop=stop.is_set, recorder=rec,
                      resume=job.resume, hard=job.hard, seen=job.seen)
@@ -314,13 +347,15 @@ class Supervisor:
         self.report = Report(contract, variant, [*self.targets, *self.peers], seed=options.seed)
         self.states: list[_JobState] = []
         self.restarts = 0
+        self.hang_limits: list[float] = []  # the limit in force at each hang
         self._t0 = 0.0
 
     # ------------------------------------------------------------------ lifecycle
 
     def _start(self, spec: Job, state: _JobState | None = None) -> _JobState:
-        record = state.record if state is not None else self.ctx.RawArray("d", 6)
-        record[STATE] = IDLE
+        record = state.record if state is not None else self.ctx.RawArray(
+            "d", CALIBRATION + store_size(len(self.targets) + len(self.peers)))
+        record[STATE], record[LIMIT] = IDLE, 0.0
         reader, writer = self.ctx.Pipe(duplex=False)
         spec = replace(spec, launched=time.monotonic())  # (one clock for all processes)
         proc = worker_process(self.ctx, _run_job, (spec, writer, self.stop, record))
@@ -349,7 +384,7 @@ class Supervisor:
             self._start(Job(j, n, self.contract, self.variant, tuple(self.targets),
                             tuple(self.peers), o.device, self.wrap,
                             CampaignOptions(**{**o.__dict__, "job": (j, n)}),
-                            isolate=self.isolate))
+                            isolate=self.isolate, timeout=self.timeout))
             for j in range(n)
         ]
 
@@ -412,6 +447,11 @@ class Supervisor:
         self.report = report
         if self.restarts:
             self.report.notes.append(f"{self.restarts} job restart(s) after a crash or hang")
+        if self.report.shifted:
+            self.report.notes.append(shifted_note(self.report.shifted))
+        if self.isolate and self.states:
+            self.report.extra["timeout"] = self.timeouts()
+            self.report.notes.append(timeout_note(self.report.extra["timeout"]))
         self.report.seconds = time.monotonic() - t0
         return self.report
 
@@ -430,6 +470,16 @@ class Supervisor:
                 "stopped in the middle of an example (killed: "
                 + ("interrupted" if self.stopped else "the --max-seconds deadline") + ")")}
         self._drain(0.0)
+
+    def timeouts(self) -> dict[str, Any]:
+        """The calibrated per-call timeout (``kda_fuzz.timeouts.describe``, what all jobs
+        measured) and the limits in force at the hangs."""
+        names = [*self.targets, *self.peers]
+        store = merged([s.record for s in self.states], len(names), CALIBRATION)
+        out = describe(store, names, self.timeout)
+        out["hangs"] = len(self.hang_limits)
+        out["hang_limits_seconds"] = sorted({round(x, 3) for x in self.hang_limits})
+        return out
 
     def summaries(self) -> list[dict[str, Any]]:
         """Per job: its campaign's seconds, why it stopped, its wrapped targets' summaries."""
@@ -519,12 +569,16 @@ class Supervisor:
         r = s.record
         now = time.monotonic()
         calling = r[STATE] in (CALLING, FAULTED, JUDGING)
-        if r[STATE] == CALLING and now - r[SINCE] > self.timeout and s.proc.is_alive():
+        limit = min(self.timeout, r[LIMIT]) if r[LIMIT] > 0 else self.timeout
+        if r[STATE] == CALLING and now - r[SINCE] > limit and s.proc.is_alive():
             s.proc.kill()
             s.proc.join(timeout=10)
             self._drain(0.0)
-            self._restart(s, "timeout", "no-return",
-                          f"did not return within {self.timeout:g} s")
+            self.hang_limits.append(limit)
+            how = "" if limit >= self.timeout else (
+                f" (the calibrated per-call timeout; --timeout {self.timeout:g} s is its "
+                "ceiling)")
+            self._restart(s, "timeout", "no-return", f"did not return within {limit:.3g} s{how}")
             return
         if s.proc.is_alive():
             if not calling and now - s.last_message > STALL_SECONDS:
@@ -559,16 +613,7 @@ class Supervisor:
         r = s.record
         pos: Position = (int(r[ROUND]), int(r[ARM]), int(r[EXAMPLE]))
         target = int(r[TARGET])
-        names = [*self.targets, *self.peers]
         verdict = Verdict(kind, what, detail)  # type: ignore[arg-type]
-        sig = (names[target], *verdict.signature(self.variant))
-        seen = self._kept[sig].count if sig in self._kept else 0
-        if seen > HARD_REPEATS:
-            s.done = True
-            s.summary = {"stopped": Stop(ExitReason.HARD_REPEATS,
-                                         f"{names[target]}: {kind} {what} {seen + 1} times; "
-                                         "each more costs a restart, so this job stopped")}
-            return
         resume = s.snapshot if s.snapshot is not None and s.snapshot[0] <= pos else None
         start = resume[0] if resume is not None else (0, 0, 0)
         hard = {p: h for p, h in s.spec.hard.items() if p >= start}

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, given, reject, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
@@ -28,6 +28,7 @@ from .oracle import (
     run_peers,
 )
 from .shard import NOMINAL_SCALE_BUDGET, Shard, describe, shard_arms
+from .steering import Steering, describe_feature
 from .targets import Target, TargetError, check_signature, default_targets, load_target
 from .verdict import Verdict
 
@@ -112,6 +113,8 @@ class Report:
     startup_seconds: float = 0.0
     # scale stratum: the largest of each size its cases report (``notes["scale_sizes"]``)
     scale_largest: dict[str, int] = field(default_factory=dict)
+    # draws not run because layouts of their signature crashed or hung (kda_fuzz.steering)
+    shifted: Counter = field(default_factory=Counter)
 
     COUNTERS = ("examples", "rows", "live_rows", "tail_rows", "valid_cases", "broken_cases",
                 "skipped", "compiles", "compiling_seconds", "startup_seconds",
@@ -170,7 +173,8 @@ class Report:
                    wording=dict(self.wording), wording_samples=list(self.wording_samples),
                    judged=dict(self.judged), stratum_seconds=dict(self.stratum_seconds),
                    stratum_rows=dict(self.stratum_rows), scale_largest=dict(self.scale_largest),
-                   unexecutable_causes=dict(self.unexecutable_causes))
+                   unexecutable_causes=dict(self.unexecutable_causes),
+                   shifted=dict(self.shifted))
         return out
 
     def add_counters(self, c: dict[str, Any]) -> None:
@@ -185,6 +189,7 @@ class Report:
         self.stratum_seconds.update(c.get("stratum_seconds", {}))
         self.stratum_rows.update(c.get("stratum_rows", {}))
         self._largest(c.get("scale_largest", {}))
+        self.shifted.update(c.get("shifted", {}))
         room = WORDING_SAMPLES - len(self.wording_samples)
         self.wording_samples.extend(c["wording_samples"][:max(0, room)])
 
@@ -249,6 +254,7 @@ class Report:
             "scale_judged": dict(self.judged),
             "checks_hit": {str(k): v for k, v in sorted(self.checks_hit.items(), key=_check_key)},
             "validation_gaps": dict(self.validation_gaps),
+            "shifted": dict(sorted(self.shifted.items())),
             "wording_differences": {str(k): v for k, v in self.wording.items()},
             "wording_samples": [{"check": c, "expected": e, "got": g}
                                 for c, e, g in self.wording_samples],
@@ -488,6 +494,9 @@ class Recorder:
         """Wraps one target call."""
         return contextlib.nullcontext()
 
+    def expect(self, case: Case) -> None:
+        """The case the next target calls are made on (a supervised job times them)."""
+
     def settle(self) -> contextlib.AbstractContextManager[Any]:
         """Wraps one case's call and judging: where a device fault the target caused
         (launches are asynchronous) surfaces, at the latest when it ends."""
@@ -506,7 +515,9 @@ class Campaign:
     with the counts it had there) and be told which positions already crashed or hung
     (``hard``: position -> (target index, verdict)); those cases are regenerated, recorded
     as failures and not run again. ``seen``: signatures of failures already kept by
-    whoever runs this campaign (a restarted job's supervisor); they count as repeats."""
+    whoever runs this campaign (a restarted job's supervisor); they count as repeats.
+    Draws like layouts that crashed or hung get less of the budget
+    (:mod:`kda_fuzz.steering`; its state resumes with ``resume``'s counts)."""
 
     def __init__(self, contract: Contract, variant: str, targets: list[Target], *,
                  peers: list[Target] | None = None, options: CampaignOptions | None = None,
@@ -547,8 +558,9 @@ class Campaign:
         self._first = 0  # the number (over its turns) of the arm's first example of this turn
         self._largest: int | None = None  # the whole plan's largest arm (see arms)
         self._t0 = time.monotonic()
-        self._hard_repeats: Counter = Counter()
         self._nth = 0  # the number of the example being run (from 1)
+        self.steering = Steering(self.options.seed or 0,
+                                 resume[1].get("steering") if resume is not None else None)
 
     # ------------------------------------------------------------------ running
 
@@ -642,6 +654,13 @@ class Campaign:
         case = data.draw(self._strategy)
         if (self._first + pos[2] - (pos[0] > 0)) % self._share[1] != self._share[0]:
             return  # another shard's example (drawn all the same: the draws stay aligned)
+        if pos not in self.hard:
+            run, why = self.steering.admits(pos, self._stratum, case,
+                                            replay=pos < self.resume_at)
+            if not run:
+                if why is not None:
+                    self.report.shifted[describe_feature(why)] += 1
+                reject()  # like layouts that crashed or hung: another draw instead
         if pos < self.resume_at:
             return  # fast-forward: this example ran before the resume point
         try:
@@ -660,6 +679,7 @@ class Campaign:
             outcome = Outcome("fail", expectation(self.contract, case), verdict)
             self._count(outcome, case)
             self._failed(case.on("cpu"), verdict, self.targets[index], confirmed=True)
+            self.steering.observe(self._stratum, case, fault=True)
             return
         if self.stop is not None and self.stop():
             self.stopped = self.stopped or Stop(ExitReason.STOP_REQUESTED)
@@ -692,6 +712,7 @@ class Campaign:
                              confirmed=True)
         compiled = self._compiled(built)
         self._count(first, case)
+        self.steering.observe(self._stratum, case, fault=False)
         if self.options.history:
             self._remember(first, compiled)
         if len(self.report.failures) >= self.options.max_failures:
@@ -701,6 +722,7 @@ class Campaign:
 
     def _judge(self, pos: Position, index: int, case: Case, target: Target,
                budget: bool = False) -> Outcome:
+        self.recorder.expect(case)
         with self.recorder.settle():
             return run_case(self.contract, case, target.fn, messages=self.options.messages,
                             strict=self.options.strict,
@@ -740,13 +762,6 @@ class Campaign:
             known.count += 1
             if self.on_failure is not None:
                 self.on_failure(known, False)
-            if verdict.kind in HARD_KINDS:
-                self._hard_repeats[known.signature] += 1
-                if self._hard_repeats[known.signature] >= HARD_REPEATS:
-                    self.stopped = Stop(ExitReason.HARD_REPEATS,
-                                        f"{target.name} {verdict.kind}ed {HARD_REPEATS + 1} "
-                                        "times the same way; each more costs a restart")
-                    raise _Stopped
             return
         if any(t.device.type == "cuda" for t in failure.case.tensors.values()):
             failure.case = failure.case.on("cpu")
@@ -790,9 +805,6 @@ class Campaign:
                         v.where, {**v.extra, "reproduced": same, "reruns": runs,
                                   "first_kind": v.kind})
         return Failure(failure.case, flaky, failure.target)
-
-
-HARD_REPEATS = 5  # the same crash or hang this many times more ends a job's campaign
 
 
 def share_of(contract: Contract, variant: str, options: CampaignOptions, jobs: int

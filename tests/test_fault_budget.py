@@ -1,0 +1,60 @@
+"""Hangs and crashes found through the CLI: a calibrated timeout, the whole budget run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+REFERENCE = "kda_fuzz_kernels.kda_decode:reference_kda_packed_decode"
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+WALL = 600  # bounded wait: a loaded CI machine; the README gives measured figures
+
+
+def _kda_fuzz(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kda_fuzz", *args], cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=WALL)
+
+
+def _summary(r: subprocess.CompletedProcess[str]) -> dict:
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("target,kind", [
+    ("tests.hostile_targets:hangs_past_64_rows", "timeout"),
+    ("tests.hostile_targets:aborts_past_16_rows", "crash"),
+])
+def test_a_fault_on_some_layouts_is_saved_and_the_whole_budget_runs(
+        tmp_path: Path, target: str, kind: str) -> None:
+    """A target with correct math that hangs (or aborts) on batches past a size, broken
+    and valid layouts alike: the campaign ends with exit 1 after all 500 examples, the
+    fault saved once, its repeats cheap (a calibrated timeout; draws like it shifted)."""
+    r = _kda_fuzz("fuzz", "--target", target, "--contract", "helion", "--device", "cpu",
+                  "--max-examples", "500", "--seed", "1", "--corpus", str(tmp_path), "--json")
+    assert r.returncode == 1, r.stderr[-3000:]
+    summary = _summary(r)
+    assert summary["examples"] == 500  # the whole budget, whatever the fault rate
+    faults = [f for f in summary["failure_details"] if f["kind"] == kind]
+    assert len(faults) == 1 and faults[0]["count"] >= 1, summary["failure_details"]
+    saved = [Path(p) for p in summary["saved"] if Path(p).name.startswith(f"{kind}-")]
+    assert len(saved) == 1 and saved[0].exists()
+    timeout = summary["timeout"]["targets"][target]
+    assert timeout["in_force_seconds"] <= summary["timeout"]["ceiling_seconds"] == 60
+    if kind == "timeout":
+        # the hang was cut at the calibrated limit, far below --timeout's minute
+        assert max(summary["timeout"]["hang_limits_seconds"]) < 30
+        assert "calibrated per-call timeout" in faults[0]["detail"]
+    if faults[0]["count"] > 1:
+        assert summary["shifted"], "repeats of the fault shifted no draws"
+    # the saved file fails on the faulty target and passes on a correct one
+    bad = _kda_fuzz("replay", "--target", target, "--contract", "helion", "--timeout", "5",
+                    str(saved[0]))
+    assert bad.returncode == 1 and kind in bad.stdout, bad.stdout + bad.stderr
+    good = _kda_fuzz("replay", "--target", REFERENCE, "--contract", "helion", "--timeout", "60",
+                     str(saved[0]))
+    assert good.returncode == 0, good.stdout + good.stderr

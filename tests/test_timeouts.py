@@ -1,0 +1,77 @@
+"""Calibrated per-call timeouts and the budget steered away from crashes and hangs."""
+
+from __future__ import annotations
+
+import pytest
+
+from kda_fuzz.contracts.kda_layouts import KdaLayout, build
+from kda_fuzz.steering import MIN_SHARE, Steering, describe_feature, features
+from kda_fuzz.timeouts import FLOOR, Calibration, describe, merged, size_class, store_size
+
+
+def _case(B: int = 2, K: int = 4, seed: int = 0):
+    return build(KdaLayout(B=B, H=1, HV=1, K=K, V=4, seed=seed), "triton")
+
+
+def test_the_ceiling_holds_until_a_call_returns_then_the_limit_follows_the_calls() -> None:
+    store = [0.0] * store_size(1)
+    cal = Calibration(store, 1, 60.0)
+    small, other = _case(2), _case(3)
+    assert cal.limit(0, small) == 60.0  # nothing returned yet: a compile may take that long
+    cal.observe(0, small, 0.5)  # the process's first call (imports, compiles)
+    assert cal.limit(0, other) == pytest.approx(5.0)  # a new shape: like a first call
+    cal.observe(0, other, 0.3)
+    cal.observe(0, small, 0.01)  # a shape run before, at its steady cost
+    assert cal.limit(0, small) == FLOOR  # 10x 0.01 s, but never below the floor
+    cal.observe(0, small, 0.4)
+    assert cal.limit(0, small) == pytest.approx(4.0)  # 10x the slowest of its size class
+    assert cal.limit(0, _case(4)) >= 4.0  # a new shape: at least what its class needs
+    cal.observe(0, small, 30.0)
+    assert cal.limit(0, small) == 60.0  # --timeout is the ceiling
+
+
+def test_what_was_learned_survives_a_restart_and_larger_classes_scale_up() -> None:
+    store = [0.0] * store_size(2)
+    first = Calibration(store, 2, 60.0)
+    small, big = _case(2), _case(64, K=16)
+    assert size_class(big) > size_class(small)
+    first.observe(1, small, 0.2)
+    first.observe(1, small, 0.15)
+    again = Calibration(store, 2, 60.0)  # a restarted job: same store, a new process
+    assert again.limit(0, small) == 60.0  # the other target has never returned
+    # the first call of a process: like the slowest first call of a process seen
+    scaled = 10 * 0.15 * 2 ** (size_class(big) - size_class(small))
+    assert again.limit(1, big) == pytest.approx(min(60.0, max(2.0, scaled)))
+    again.observe(1, small, 0.1)
+    assert again.limit(1, small) == FLOOR  # a shape seen: 10x 0.15 s, raised to the floor
+    summary = describe(merged([store], 2), ["a", "b"], 60.0)
+    assert summary["targets"]["a"]["in_force_seconds"] == 60.0
+    assert summary["targets"]["b"]["slowest_first_call_of_a_process_seconds"] == 0.2
+    with pytest.raises(ValueError):
+        Calibration([0.0], 1, 60.0)
+
+
+def test_draws_like_faulting_layouts_get_less_of_the_budget_and_replay_alike() -> None:
+    steer = Steering(seed=1)
+    small = [_case(2, seed=s) for s in range(40)]
+    large = [_case(96, seed=s) for s in range(40)]
+    assert all(steer.admits((0, 0, i), "valid", c)[0] for i, c in enumerate(small + large))
+    for c in small[:10]:
+        steer.observe("valid", c, fault=False)
+    for c in large[:4]:
+        steer.observe("valid", c, fault=True)
+    decided = [steer.admits((0, 1, i), "valid", c) for i, c in enumerate(large)]
+    run = sum(ok for ok, _ in decided)
+    assert run < len(large) / 2 and run >= 1  # less, never nothing
+    why = {describe_feature(w) for ok, w in decided if not ok}
+    assert why and all(">=" in w for w in why), why
+    assert all(steer.admits((0, 2, i), "valid", c)[0] for i, c in enumerate(small))
+    assert all(steer.admits((0, 3, i), "broken", c)[0] for i, c in enumerate(large))  # others
+    # a restarted job resuming at (0, 1, 30): the draws before it are decided as they were
+    state = steer.state((0, 1, 30))
+    again = Steering(seed=1, state=state)
+    assert [again.admits((0, 1, i), "valid", c, replay=True)[0] for i, c in
+            enumerate(large[:30])] == [ok for ok, _ in decided[:30]]
+    assert [again.admits((0, 1, i), "valid", c)[0] for i, c in enumerate(large[30:], 30)] \
+        == [ok for ok, _ in decided[30:]]
+    assert MIN_SHARE > 0 and len(features("valid", small[0])) > 10
