@@ -48,9 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--seed", type=int, default=None, help="seed for a reproducible campaign")
     f.add_argument("--corpus", default=None, metavar="DIR",
                    help="save each minimized failing case into DIR, where pytest replays "
-                        "it (default: FOLDER/found for the first corpus folder of the "
-                        "project's [tool.kda-fuzz] table, else corpus/found, relative to "
-                        "the current directory)")
+                        "it; a bug DIR already holds (same target, same signature) is "
+                        "counted as seen again, not saved again (default: FOLDER/found for "
+                        "the first corpus folder of the project's [tool.kda-fuzz] table, "
+                        "else corpus/found, relative to the current directory)")
     f.add_argument("--report", default=None, metavar="DIR",
                    help="write a self-contained HTML campaign report into DIR (checks hit, "
                         "failures, error budget, throughput)")
@@ -81,8 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--shrink-seconds", type=float, default=30.0,
                    help="time allowed to minimize each distinct failure (default 30)")
     f.add_argument("--max-failures", type=int, default=20, metavar="N",
-                   help="stop after N distinct failures (default 20); repeats of a known "
-                        "failure are counted, not kept")
+                   help="stop after N distinct failures (default 20): one per root cause "
+                        "(what the target raised, with numbers masked, or which outputs it "
+                        "got wrong); repeats of a known failure are counted, not kept")
     f.add_argument("--max-seconds", type=float, default=None,
                    help="stop the campaign after this many seconds (default: none)")
     f.add_argument("--messages", choices=("exact", "class"), default="exact",
