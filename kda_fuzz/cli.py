@@ -161,8 +161,9 @@ def _fuzz_parser(sub: Any) -> None:
                         "confirmed failure saved (unminimized, and marked so, where "
                         "minimization was cut short; default: none)")
     c.add_argument("--max-failures", type=int, default=20, metavar="N",
-                   help="stop after N distinct failures (default 20); repeats of a known "
-                        "failure are counted, not kept")
+                   help="stop after N distinct failures (default 20): one per root cause "
+                        "(what the target raised, with numbers masked, or which outputs it "
+                        "got wrong); repeats of a known failure are counted, not kept")
     c.add_argument("--valid-share", type=float, metavar="X", default=0.5,
                    help="share of examples spent on valid layouts (default 0.5); the rest "
                         "go to the breakage strata")
@@ -235,8 +236,9 @@ def _fuzz_parser(sub: Any) -> None:
     o.add_argument("--corpus", default=None, metavar="DIR",
                    help="save each minimized failing case into DIR as soon as it is "
                         "confirmed (also on SIGINT/SIGTERM, which end the campaign with a "
-                        "partial summary, exit 130/143), where pytest replays it "
-                        "(default: FOLDER/found for the first corpus folder of the "
+                        "partial summary, exit 130/143), where pytest replays it; a bug DIR "
+                        "already holds (same target, same signature) is counted as seen "
+                        "again, not saved again (default: FOLDER/found for the first corpus folder of the "
                         "project's [tool.kda-fuzz] table, else corpus/found, relative to "
                         "the current directory)")
     o.add_argument("--no-save", action="store_true",

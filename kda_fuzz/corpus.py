@@ -800,6 +800,9 @@ def _decode_runs(obj: dict, where: str, dtype: torch.dtype, dtype_name: str, num
             words[pos:pos + count] = payload
         else:
             data = _inflate(payload, count * itemsize, f"{where}.runs[{i}].base_bytes")
+            if len(data) != count * itemsize:
+                raise ValueError(f"{where}.runs[{i}].base_bytes holds {len(data)} bytes; "
+                                 f"count {count} of {dtype_name} needs {count * itemsize}")
             if dtype == torch.bool and any(byte > 1 for byte in data):
                 raise ValueError(f"{where}: bool bytes must be 0 or 1")
             words[pos:pos + count] = _from_le_bytes(data, dtype, count).view(itype)

@@ -21,7 +21,11 @@ from tests import mutants
 KDA = get_contract("kda")
 ROOT = Path(__file__).resolve().parents[1]
 SEED_CORPUS = ROOT / "corpus" / "seed"
-MUTANT = "tests.mutants:zero_out_first"  # one distinct failure per check it mutates before
+# six wrong messages, each its own root cause (one distinct failure each); and zeroing
+# `out` before validating, one more whichever check the layout trips
+TYPOS = {f"typo_check_{n}" for n in (3, 10, 12, 16, 18, 20)}
+MUTANT = "tests.test_merge:typos_and_zero_out_first"
+typos_and_zero_out_first = mutants.make(TYPOS | {"zero_out_first"})
 
 
 def _signature(path: Path) -> tuple:
@@ -38,7 +42,7 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Path], set[tu
     found: set[tuple] = set()
     dirs = []
     for i in range(8):
-        report = campaign(KDA, "triton", [Target(MUTANT, mutants.zero_out_first)],
+        report = campaign(KDA, "triton", [Target(MUTANT, typos_and_zero_out_first)],
                           max_examples=8 * 30, seed=2, max_failures=100, shard=(i, 8),
                           valid_share=0.1)
         d = base / f"shard{i + 1}" / "corpus" / "found"

@@ -80,3 +80,49 @@ def test_a_finding_over_the_cap_is_saved_and_says_so(tmp_path: Path, monkeypatch
     assert failure.note.startswith("saved at ") and "MiB cap: no smaller case reproduced it" \
         in failure.note, failure.note
     assert "over the size cap" in load_case(path)[2]["description"]
+
+
+def test_runs_round_trip_bit_exact_and_bad_runs_are_rejected() -> None:
+    """A base with long stretches of one value is stored as runs (fills and zlib
+    stretches), bit for bit; a run list that does not add up, or a stretch that inflates
+    to another size, is a bad file."""
+    import json
+
+    from kda_fuzz.case import TensorArg
+    from kda_fuzz.corpus import _decode_tensor, _encode_tensor, encoded_base_size
+
+    for dtype in (torch.float32, torch.bfloat16, torch.int32, torch.bool):
+        base = torch.zeros(40_000, dtype=dtype)
+        if dtype.is_floating_point:
+            base[:3] = float("nan")
+            base[1000:1600] = torch.randn(600).to(dtype)
+            base[-1] = -0.0
+        else:
+            base[1000:1600] = 1
+        entry = _encode_tensor(TensorArg(base, (40_000,), (1,), 0))
+        assert entry["encoding"] == "runs" and len(entry["runs"]) >= 3
+        assert abs(encoded_base_size(base) - sum(len(json.dumps(r)) for r in entry["runs"])) \
+            < 200
+        back = _decode_tensor("x", json.loads(json.dumps(entry)))
+        assert torch.equal(back.base.view(torch.uint8), base.view(torch.uint8)), dtype
+
+    entry = _encode_tensor(TensorArg(torch.zeros(40_000), (40_000,), (1,), 0))
+    assert entry["encoding"] == "fill"  # one value throughout: still a plain fill
+    base = torch.zeros(40_000)
+    base[5] = 1.0
+    good = _encode_tensor(TensorArg(base, (40_000,), (1,), 0))
+    short = json.loads(json.dumps(good))
+    short["runs"][-1]["count"] -= 1
+    longer = json.loads(json.dumps(good))
+    longer["runs"][0]["count"] += 1  # the stretch of bytes says one element more
+    longer["runs"][-1]["count"] -= 1
+    both = json.loads(json.dumps(good))
+    both["runs"][0]["fill"] = "00000000"  # a stretch of bytes that is also a fill
+    for bad, words in ((short, "the runs hold"), (longer, "bytes; count"),
+                       (both, "exactly one of fill and base_bytes")):
+        try:
+            _decode_tensor("x", bad)
+        except ValueError as e:
+            assert words in str(e), e
+        else:
+            raise AssertionError(f"accepted: {words}")
