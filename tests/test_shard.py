@@ -13,7 +13,7 @@ import pytest
 
 from kda_fuzz.contracts import get_contract
 from kda_fuzz.interleave import cycle_of
-from kda_fuzz.runner import Campaign, CampaignOptions, Target, fingerprint, plan
+from kda_fuzz.runner import Campaign, CampaignOptions, Target, fingerprint, plan, share_of
 from kda_fuzz.shard import Shard, assign, examples_of, parse_shard, positions
 
 KDA = get_contract("kda")
@@ -86,6 +86,9 @@ def test_shards_draw_exactly_the_cases_of_one_campaign(shards: int) -> None:
     assert Counter(p for p, _ in union) == Counter(p for p, _ in single)  # no overlap
     assert sorted(union) == sorted(single)  # the same case at every position
     assert all(40 <= len(p) <= 80 for p in parts), [len(p) for p in parts]
+    # each shard's summary counts the examples it runs
+    assert [len(p) for p in parts] == [share_of(KDA, "helion", CampaignOptions(
+        shard=(i, shards), **options), 1)["examples"] for i in range(shards)]  # type: ignore
 
 
 def test_shards_with_jobs_split_the_plan_of_a_campaign_with_those_jobs() -> None:
