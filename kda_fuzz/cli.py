@@ -238,9 +238,9 @@ def _fuzz_parser(sub: Any) -> None:
                         "confirmed (also on SIGINT/SIGTERM, which end the campaign with a "
                         "partial summary, exit 130/143), where pytest replays it; a bug DIR "
                         "already holds (same target, same signature) is counted as seen "
-                        "again, not saved again (default: FOLDER/found for the first corpus folder of the "
-                        "project's [tool.kda-fuzz] table, else corpus/found, relative to "
-                        "the current directory)")
+                        "again, not saved again (default: FOLDER/found for the first "
+                        "corpus folder of the project's [tool.kda-fuzz] table, else "
+                        "corpus/found, relative to the current directory)")
     o.add_argument("--no-save", action="store_true",
                    help="do not save failing cases into a corpus (an isolated target's case "
                         "in flight still goes to a temporary folder)")

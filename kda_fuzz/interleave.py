@@ -1,17 +1,18 @@
 """The order a campaign's plan runs in: rounds, every arm taking its turn from the start.
 
 A plan (:func:`kda_fuzz.runner.plan`) is a list of arms of ``n`` examples each. It runs in
-rounds; one *cycle* of :func:`cycle_of` rounds runs every arm's examples once, the largest
-arm ``CHUNK`` examples a round. In round ``r`` an arm runs :func:`turn` examples: after
-``r`` rounds it has run its share ``r * n / cycle`` of its examples, rounded up to a first
-turn of one example and whole turns of ``MIN_TURN`` after it (one at a time for an arm
-with a time share: the scale stratum's cases are costly, and a time-bounded campaign
-checks its share between turns). So every arm runs in the first round (about as many
-examples as the plan has arms), each arm's examples are spread evenly over the cycle (a
-weighted round robin) and the shares at the end of a cycle are the plan's. Every turn is
-a Hypothesis run seeded by the round; turns of a few examples keep the cost of a later
-run's skipped first example (see ``Campaign._body``) small. A campaign without a deadline runs
-one cycle; with a deadline the cycles repeat (new cases) until the time is up.
+rounds; one *cycle* of :func:`cycle_of` rounds runs every arm's examples once. The first
+round runs one example of every arm, so it holds every stratum and is about as long as the
+plan has arms. The other rounds spread each arm's remaining examples evenly (a weighted
+round robin): after ``r`` of them an arm has run its share ``r / (cycle - 1)`` of them,
+rounded to whole turns of ``MIN_TURN`` examples (one at a time for an arm with a time
+share: the scale stratum's cases are costly, and a time-bounded campaign checks its share
+between turns); the largest arm runs about ``CHUNK`` examples a round. The shares at the
+end of a cycle are the plan's. Every turn is a Hypothesis run seeded by the round: turns
+of a few examples keep a later run's skipped first example (see ``Campaign._body``)
+cheap, and the larger arms' longer runs let Hypothesis vary its cases as a long run does.
+A campaign without a deadline runs one cycle; with a deadline the cycles repeat (new
+cases) until the time is up.
 
 The schedule depends on the arms and the whole plan's largest arm only, so the jobs and
 shards that split a plan run every arm the way the single campaign would.
@@ -22,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Protocol, TypeVar
 
-CHUNK = 4  # examples of the plan's largest arm per round
+CHUNK = 25  # examples of the plan's largest arm per round (after the first)
 MIN_TURN = 4  # examples of an arm's turn (but its first and last; 1 with a time share)
 
 
@@ -38,8 +39,9 @@ A = TypeVar("A", bound=_Sized)
 
 
 def cycle_of(largest: int) -> int:
-    """Rounds of one cycle of a plan whose largest arm has ``largest`` examples."""
-    return max(1, -(-largest // CHUNK))
+    """Rounds of one cycle of a plan whose largest arm has ``largest`` examples: the first
+    round and enough for ``CHUNK`` examples of that arm a round."""
+    return 1 + max(1, _ceil(largest, CHUNK))
 
 
 def least_turn(arm: _Sized) -> int:
@@ -67,12 +69,16 @@ def arm_before(arm: _Sized, cycle: int, rnd: int) -> int:
 
 
 def _done(n: int, cycle: int, r: int, least: int) -> int:
-    """Examples run after ``r`` rounds: the share, rounded up to a first turn of one
-    example and whole turns after it."""
-    c = _ceil(r * n, cycle)
-    if r >= cycle or not c:
-        return n if r >= cycle else 0
-    return min(n, 1 + _ceil(c - 1, least) * least)
+    """Examples run after ``r`` rounds: one in the first round, then the share of the rest,
+    rounded to whole turns (the nearest; what is left over runs in the last round)."""
+    if r >= cycle or not n:
+        return n
+    if r == 0:
+        return 0
+    rest, rounds = n - 1, cycle - 1
+    least = max(1, min(least, rest))
+    turns = (2 * (r - 1) * rest + rounds * least) // (2 * rounds * least)
+    return 1 + min(rest, turns * least)
 
 
 def _ceil(a: int, b: int) -> int:

@@ -645,13 +645,14 @@ class Campaign:
 
     def _body(self, data: st.DataObject) -> None:
         pos: Position = (self._pos[0], self._pos[1], self._pos[2])
-        self._pos[2] += 1
         # one cheap draw first: an example that draws nothing would end the run (Hypothesis
         # takes its choices as exhausted)
         data.draw(_LEAD)
         if pos[0] and not pos[2]:
+            self._pos[2] += 1
             return  # a later round's first example: the simplest case, run in the first round
-        case = data.draw(self._strategy)
+        case = data.draw(self._strategy)  # (a case the strategy rejects gets no position)
+        self._pos[2] += 1
         if (self._first + pos[2] - (pos[0] > 0)) % self._share[1] != self._share[0]:
             return  # another shard's example (drawn all the same: the draws stay aligned)
         if pos not in self.hard:

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from kda_fuzz.contracts import get_contract
-from kda_fuzz.interleave import CHUNK, MIN_TURN, cycle_of, in_turn_order, schedule, turn
+from kda_fuzz.interleave import CHUNK, MIN_TURN, cycle_of, in_turn_order, schedule
 from kda_fuzz.progress import print_summary
 from kda_fuzz.runner import (
     Arm,
@@ -74,26 +74,25 @@ def test_every_stratum_runs_within_the_first_percent(device: str, jobs: int) -> 
 
 
 def test_every_round_keeps_each_arms_share() -> None:
-    """After any number of rounds each arm has run its share of the cycle so far, within one
-    turn, and every arm runs in the first round; an arm with a time share (scale) runs one
-    example a turn."""
-    sizes = [615, 1, 7, 10_025, 50_000, 0, 24, 26, 375]
+    """The first round runs one example of every arm; after any number of rounds more each
+    arm has run its share of the rest so far, within one turn; an arm with a time share
+    (scale) runs one example a turn."""
+    sizes = [615, 1, 7, 10_025, 50_000, 0, 24, 26, 375, 2]
     arms = [SimpleNamespace(examples=n, time_share=0.1 if n == 375 else None) for n in sizes]
     cycle = cycle_of(max(sizes))
-    assert cycle == -(-50_000 // CHUNK)
+    assert cycle == 1 + -(-50_000 // CHUNK)
     done = [0] * len(sizes)
     rounds = 0
     for rnd, i, n in schedule(arms, cycle):
-        assert 1 <= n <= (1 if i == 8 or rnd == 0 else MIN_TURN + (i == 4))
+        assert 1 <= n <= (1 if i == 8 or rnd == 0 else CHUNK + MIN_TURN)
         if rnd != rounds:  # a round is over
             rounds = rnd
             for k, size in enumerate(sizes):
-                assert abs(done[k] - size * rnd / cycle) < MIN_TURN, (k, rnd, done[k])
-        if rnd == 0:
-            assert done[i] == 0  # (each arm once a round)
+                share = min(size, 1) + max(0, size - 1) * (rnd - 1) / (cycle - 1)
+                assert abs(done[k] - share) < MIN_TURN, (k, rnd, done[k])
+        assert done[i] or rnd == 0  # every arm's first example in the first round
         done[i] += n
     assert done == sizes
-    assert all(turn(s, cycle, 0) >= 1 for s in sizes if s)
     # with a deadline the cycles repeat, each the plan's shares again
     again = Counter()
     for rnd, i, n in schedule(arms, cycle, repeat=True):
