@@ -557,6 +557,30 @@ def _mask_patches(interp: Any, binary_op: Callable[..., Any]) -> list[tuple[Any,
             (builder, "create_masked_store", store)]
 
 
+def _rank0_index_patch() -> list[tuple[Any, str, Any]]:
+    """Let a 0-d value be indexed ``x[:, None]`` under the interpreter, as triton 3.6's
+    frontend did: it becomes a ``[1]`` block, which broadcasts where a scalar would.
+
+    Helion's generated Triton indexes a slot index loaded as a scalar that way; triton
+    3.9's frontend refuses it (``too many indices for tensor of rank 0``), which made every
+    kernel of that style fail on CPU under helion 1.5.1. Other indexing is untouched.
+    """
+    import triton.language as tl
+
+    original = tl.tensor.__getitem__
+
+    @tl.core.builtin
+    def getitem(self: Any, slices: Any, _semantic: Any = None) -> Any:
+        try:
+            return original(self, slices, _semantic=_semantic)
+        except ValueError as e:
+            if not str(e).startswith("too many indices") or len(self.shape):
+                raise
+        return _semantic.expand_dims(self, 0)  # a [1], as triton 3.6 made of it
+
+    return [(tl.tensor, "__getitem__", getitem)]
+
+
 _MISSING = object()
 # id(libdevice stub) -> its replacement, while an interpreter context is active
 _stub_replacements: dict[int, Callable[..., Any]] = {}
@@ -637,7 +661,7 @@ def _interpreter_context(kernel: Any = None) -> Iterator[None]:
     bf16 = _bf16_patches(interpreter)
     binary_op = next(fn for obj, name, fn in bf16 if name == "binary_op")
     patches += [(JITFunction, "__call__", _call_interpreted), *bf16,
-                *_mask_patches(interpreter, binary_op)]
+                *_mask_patches(interpreter, binary_op), *_rank0_index_patch()]
     token = _inside.set(True)
     _stub_replacements.update({id(stubs[name]): fn for name, fn in replacements.items()})
     try:
