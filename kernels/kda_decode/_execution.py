@@ -11,7 +11,11 @@ One switch, the environment variable ``KDA_FUZZ_CPU_MODE``, read at every launch
     attribute 'type'")``), so they get numpy bodies, and stubs without one raise
     :class:`ExecutionEnvironmentError` naming the function; bfloat16 is made safe
     (below). A slot index loaded as a scalar and then indexed ``idx[:, None]`` by
-    Helion 1.4.0's codegen is fine in the interpreter (it broadcasts as a ``[1]``).
+    Helion's codegen becomes a ``[1]`` (triton 3.6 did so itself; 3.9 refuses it:
+    :func:`_rank0_index_patch`), and masks stay boolean (triton 3.9's loads refuse the
+    0/1 integers the interpreter makes of ``mask & scalar_condition``: :func:`_mask_patches`).
+    Helion's generated Triton that Triton's frontend still refuses under the interpreter
+    (size-1 dimensions emitted with a rank too few) raises :class:`ExecutionEnvironmentError`.
 ``eager``
     Helion's reference eager mode (what ``HELION_INTERPRET=1`` selects): the kernel body
     runs as plain torch code. It exercises the kernel's math but not Helion's codegen,
