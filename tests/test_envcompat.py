@@ -74,19 +74,19 @@ def test_triton_cache_miss_hooks_count_and_chain(monkeypatch: pytest.MonkeyPatch
     assert seen == ["cache", "post", "cache"]
 
 
-def _interpreter_gap_on_one_row(target: Target) -> Target:
-    """``target``, failing in the CPU machinery (not in its own code) whenever B == 1."""
+def _interpreter_gap_on_one_head(target: Target) -> Target:
+    """``target``, failing in the CPU machinery (not in its own code) whenever HV == 1."""
 
-    def decode(mixed_qkv: torch.Tensor, *args: object, **kwargs: object) -> object:
-        if mixed_qkv.shape[0] == 1:
+    def decode(*args: torch.Tensor) -> object:
+        if args[6].dim() == 4 and args[6].shape[1] == 1:
             raise ExecutionEnvironmentError("the Triton interpreter cannot run this layout")
-        return target.fn(mixed_qkv, *args, **kwargs)
+        return target.fn(*args)
 
-    return Target("gap-at-B1", decode)
+    return Target("gap-at-HV1", decode)
 
 
 def test_unexecutable_examples_are_counted_and_the_campaign_goes_on() -> None:
-    target = _interpreter_gap_on_one_row(Target("torch", mutants.make()))
+    target = _interpreter_gap_on_one_head(Target("torch", mutants.make()))
     report = campaign(KDA, "triton", [target], max_examples=60, seed=2, valid_share=1.0,
                       **SMALL)
     assert not report.failures
@@ -138,7 +138,7 @@ def test_cli_goes_on_past_unexecutable_cases(capsys: pytest.CaptureFixture[str])
 
     common = ["--contract", "triton", "--max-examples", "30", "--seed", "2", "--no-save",
               "--json", "--valid-share", "1.0", "--budget", "2048", "--max-b", "4"]
-    rc = cli.main(["fuzz", "--target", "tests.unexecutable_targets:gap_at_one_row", *common])
+    rc = cli.main(["fuzz", "--target", "tests.unexecutable_targets:gap_at_one_head", *common])
     out = capsys.readouterr().out
     assert rc == 0, out
     summary = json.loads(out.strip().splitlines()[-1])

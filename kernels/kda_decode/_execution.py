@@ -11,7 +11,11 @@ One switch, the environment variable ``KDA_FUZZ_CPU_MODE``, read at every launch
     attribute 'type'")``), so they get numpy bodies, and stubs without one raise
     :class:`ExecutionEnvironmentError` naming the function; bfloat16 is made safe
     (below). A slot index loaded as a scalar and then indexed ``idx[:, None]`` by
-    Helion 1.4.0's codegen is fine in the interpreter (it broadcasts as a ``[1]``).
+    Helion's codegen becomes a ``[1]`` (triton 3.6 did so itself; 3.9 refuses it:
+    :func:`_rank0_index_patch`), and masks stay boolean (triton 3.9's loads refuse the
+    0/1 integers the interpreter makes of ``mask & scalar_condition``: :func:`_mask_patches`).
+    Helion's generated Triton that Triton's frontend still refuses under the interpreter
+    (size-1 dimensions emitted with a rank too few) raises :class:`ExecutionEnvironmentError`.
 ``eager``
     Helion's reference eager mode (what ``HELION_INTERPRET=1`` selects): the kernel body
     runs as plain torch code. It exercises the kernel's math but not Helion's codegen,
@@ -557,6 +561,30 @@ def _mask_patches(interp: Any, binary_op: Callable[..., Any]) -> list[tuple[Any,
             (builder, "create_masked_store", store)]
 
 
+def _rank0_index_patch() -> list[tuple[Any, str, Any]]:
+    """Let a 0-d value be indexed ``x[:, None]`` under the interpreter, as triton 3.6's
+    frontend did: it becomes a ``[1]`` block, which broadcasts where a scalar would.
+
+    Helion's generated Triton indexes a slot index loaded as a scalar that way; triton
+    3.9's frontend refuses it (``too many indices for tensor of rank 0``), which made every
+    kernel of that style fail on CPU under helion 1.5.1. Other indexing is untouched.
+    """
+    import triton.language as tl
+
+    original = tl.tensor.__getitem__
+
+    @tl.core.builtin
+    def getitem(self: Any, slices: Any, _semantic: Any = None) -> Any:
+        try:
+            return original(self, slices, _semantic=_semantic)
+        except ValueError as e:
+            if not str(e).startswith("too many indices") or len(self.shape):
+                raise
+        return _semantic.expand_dims(self, 0)  # a [1], as triton 3.6 made of it
+
+    return [(tl.tensor, "__getitem__", getitem)]
+
+
 _MISSING = object()
 # id(libdevice stub) -> its replacement, while an interpreter context is active
 _stub_replacements: dict[int, Callable[..., Any]] = {}
@@ -637,7 +665,7 @@ def _interpreter_context(kernel: Any = None) -> Iterator[None]:
     bf16 = _bf16_patches(interpreter)
     binary_op = next(fn for obj, name, fn in bf16 if name == "binary_op")
     patches += [(JITFunction, "__call__", _call_interpreted), *bf16,
-                *_mask_patches(interpreter, binary_op)]
+                *_mask_patches(interpreter, binary_op), *_rank0_index_patch()]
     token = _inside.set(True)
     _stub_replacements.update({id(stubs[name]): fn for name, fn in replacements.items()})
     try:
