@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .targets import SOURCES, TargetChoice, recorded_targets
+
 TABLE = "kda-fuzz"
 DEFAULT_CORPUS = ("corpus",)
 KEYS = ("corpus", "targets", "hypothesis_profile", "example_db", "families", "layouts",
@@ -183,18 +185,7 @@ def load_config(start: Path) -> Config:
 # ------------------------------------------------------------------ replay targets
 
 
-@dataclass(frozen=True)
-class TargetChoice:
-    """The targets a corpus file is replayed against and where they come from:
-    ``option`` (command line), ``config`` (``[tool.kda-fuzz.targets]``), ``default``
-    (the contract's own kernels, when a caller allows them) or ``none``."""
 
-    specs: tuple[str, ...]
-    source: str
-
-
-SOURCES = {"option": "chosen on the command line", "config": "configured in pyproject.toml",
-           "default": "kda-fuzz's own kernels", "none": "no target configured"}
 
 
 def choose_targets(config: Config, family: str, variant: str,
@@ -267,14 +258,6 @@ def choose_campaign(config: Config, family: str | None, variant: str | None,
     choice = choose_targets(config, family, variant, override, defaults(family, variant))
     return CampaignChoice(family, variant, choice, why)
 
-
-def recorded_targets(origin: Mapping[str, Any] | None) -> list[str]:
-    """The target(s) a corpus file's ``origin.target`` names (a peer failure ``A vs B``
-    names two); empty when the file records none."""
-    target = (origin or {}).get("target")
-    if not isinstance(target, str) or not target.strip():
-        return []
-    return [t.strip() for t in target.split(" vs ") if t.strip()]
 
 
 def config_snippet(family: str, variant: str, specs: Sequence[str]) -> str:

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .case import Case
-from .config import TargetChoice, recorded_targets
 from .contract import Contract
 from .contracts import get_contract
 from .corpus import (
@@ -37,7 +36,7 @@ from .corpus import (
     stale_reason,
 )
 from .oracle import EnvironmentFailure, Outcome
-from .targets import Target, TargetError, load_target
+from .targets import Target, TargetChoice, TargetError, load_target, recorded_targets
 from .verdict import Verdict
 
 Status = Literal["PASS", "FAIL", "STALE", "ERROR", "READY"]
@@ -216,7 +215,7 @@ def replay(entry: Entry | str | os.PathLike[str],
     """Replay ``entry`` (a corpus file's path or a loaded :class:`Entry`).
 
     ``targets``: loaded targets, or a function of the entry's family and variant giving
-    a :class:`~kda_fuzz.config.TargetChoice` (its specs are loaded here) or targets, or
+    a :class:`~kda_fuzz.targets.TargetChoice` (its specs are loaded here) or targets, or
     ``None`` for the contract's own kernels. ``family``/``variant``: replay under these
     rather than the entry's own. ``run``: how the case is run (default: by its kind,
     :func:`kda_fuzz.corpus.replay_entry`)."""

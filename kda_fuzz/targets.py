@@ -6,11 +6,12 @@ import importlib
 import inspect
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .contract import Contract
+if TYPE_CHECKING:  # annotations only: loading targets must not import torch
+    from .contract import Contract
 
 
 class TargetError(Exception):
@@ -66,3 +67,26 @@ def check_signature(target: Target, contract: Contract) -> None:
 def default_targets(contract: Contract, variant: str) -> list[Target]:
     """The project's own kernels for a contract variant."""
     return [load_target(s) for s in contract.default_targets.get(variant, ())]
+
+
+@dataclass(frozen=True)
+class TargetChoice:
+    """The targets a corpus file is replayed against and where they come from:
+    ``option`` (command line), ``config`` (``[tool.kda-fuzz.targets]``), ``default``
+    (the contract's own kernels, when a caller allows them) or ``none``."""
+
+    specs: tuple[str, ...]
+    source: str
+
+
+SOURCES = {"option": "chosen on the command line", "config": "configured in pyproject.toml",
+           "default": "kda-fuzz's own kernels", "none": "no target configured"}
+
+
+def recorded_targets(origin: Mapping[str, Any] | None) -> list[str]:
+    """The target(s) a corpus file's ``origin.target`` names (a peer failure ``A vs B``
+    names two); empty when the file records none."""
+    target = (origin or {}).get("target")
+    if not isinstance(target, str) or not target.strip():
+        return []
+    return [t.strip() for t in target.split(" vs ") if t.strip()]
