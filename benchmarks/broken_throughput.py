@@ -19,9 +19,9 @@ import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from kda_fuzz.contracts import get_contract
-from kda_fuzz.oracle import expectation, run_case
-from kda_fuzz.runner import load_target
+from kda_fuzz.campaign.runner import load_target
+from kda_fuzz.engine.oracle import expectation, run_case
+from kda_fuzz.families import get_contract
 
 
 def generate(contract, variant: str, n: int) -> list:

@@ -29,9 +29,9 @@ def _job(i: int, n: int, args: argparse.Namespace, out: str, start: Any, census:
     import torch
     from profile_campaign import shaping  # (this script's folder is on sys.path)
 
-    from kda_fuzz.contracts import get_contract
-    from kda_fuzz.parallel import _SharedRecorder
-    from kda_fuzz.runner import Campaign, CampaignOptions, Recorder, load_target
+    from kda_fuzz.campaign.runner import Campaign, CampaignOptions, Recorder, load_target
+    from kda_fuzz.campaign.supervisor import _SharedRecorder
+    from kda_fuzz.families import get_contract
 
     target = load_target(args.target)
     # the isolated default's per-example bookkeeping (a flight record; its progress

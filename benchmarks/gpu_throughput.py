@@ -35,9 +35,9 @@ from typing import Any
 
 import torch
 
-from kda_fuzz.contracts import get_contract
-from kda_fuzz.progress import time_shares
-from kda_fuzz.runner import Target, campaign, load_target
+from kda_fuzz.campaign.runner import Target, campaign, load_target
+from kda_fuzz.families import get_contract
+from kda_fuzz.report.progress import time_shares
 
 
 class CompileMeter:

@@ -12,9 +12,9 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from kda_fuzz.contracts import get_contract
-from kda_fuzz.contracts.kda_layouts import KdaLayout, build
-from kda_fuzz.oracle import call_args
+from kda_fuzz.engine.oracle import call_args
+from kda_fuzz.families import get_contract
+from kda_fuzz.families.kda.layouts import KdaLayout, build
 from kda_fuzz_kernels.kda_decode import reference_kda_packed_decode
 
 

@@ -13,8 +13,8 @@ import pstats
 from collections import Counter
 from typing import Any
 
-from kda_fuzz.contracts import get_contract
-from kda_fuzz.runner import campaign, load_target
+from kda_fuzz.campaign.runner import campaign, load_target
+from kda_fuzz.families import get_contract
 
 
 def shaping(device: str, max_b: int | None = None) -> dict[str, Any]:

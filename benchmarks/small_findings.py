@@ -19,12 +19,12 @@ from pathlib import Path
 
 import torch
 
-from kda_fuzz.contracts import get_contract
-from kda_fuzz.contracts.kda_layouts import KdaLayout, build
-from kda_fuzz.corpus import encoded_size, load_case, save_failure
-from kda_fuzz.minimize import minimize_with_verdict
-from kda_fuzz.oracle import run_case
-from kda_fuzz.runner import Failure
+from kda_fuzz.campaign.minimize import minimize_with_verdict
+from kda_fuzz.campaign.runner import Failure
+from kda_fuzz.corpus.store import encoded_size, load_case, save_failure
+from kda_fuzz.engine.oracle import run_case
+from kda_fuzz.families import get_contract
+from kda_fuzz.families.kda.layouts import KdaLayout, build
 from kda_fuzz_kernels.kda_decode import reference_kda_packed_decode
 from tests import planted
 

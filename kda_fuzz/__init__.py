@@ -7,8 +7,8 @@ that ``import kda_fuzz`` stays cheap.
 
 from typing import Any
 
-from . import _kernels_path
-from ._version import __version__
+from kda_fuzz import _kernels_path
+from kda_fuzz._version import __version__
 
 __all__ = ["__version__", "assert_conforms", "check", "strategies"]
 
@@ -17,7 +17,7 @@ _kernels_path.install()
 
 def __getattr__(name: str) -> Any:
     if name in ("check", "assert_conforms"):
-        from . import conformance
+        from kda_fuzz import conformance
 
         return getattr(conformance, name)
     if name == "strategies":

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .names import DEFAULT_FAMILY, FAMILIES, VARIANTS
+from kda_fuzz.names import DEFAULT_FAMILY, FAMILIES, VARIANTS
 
 # Nothing heavy (torch, the contracts, the kernels) is imported above this line or before
 # the arguments are parsed and checked: a usage error or --help answers at once.
@@ -373,7 +373,7 @@ def _prepare_device(device: str, contract: Any) -> None:
 
 
 def _config() -> Any:
-    from .config import ConfigError, load_config
+    from kda_fuzz.config import ConfigError, load_config
 
     try:
         return load_config(Path.cwd())
@@ -384,7 +384,7 @@ def _config() -> Any:
 def _loaded(specs: list[str], contract: Any) -> list[Any]:
     """Each ``MODULE:CALLABLE`` imported and checked against the contract's signature
     (a usage error when one cannot be)."""
-    from .runner import TargetError, check_signature, load_target
+    from kda_fuzz.campaign.runner import TargetError, check_signature, load_target
 
     try:
         targets = [load_target(t) for t in specs]
@@ -424,7 +424,7 @@ def _families(family: str | None) -> dict[str, tuple[str, ...]]:
     if family is None or family in FAMILIES or not _config().families:
         return FAMILIES
     _project_families()
-    from .contracts import family_names, get_contract
+    from kda_fuzz.families import family_names, get_contract
 
     return {**FAMILIES, **{n: get_contract(n).variants for n in family_names()}}
 
@@ -443,10 +443,10 @@ def _check_variant(family: str, variant: str | None) -> None:
 def _choose(args: argparse.Namespace) -> Any:
     """The campaign's family, variant and targets (:func:`kda_fuzz.config.choose_campaign`);
     sets ``args.family`` and ``args.contract`` to them."""
-    from .config import ConfigError, choose_campaign
+    from kda_fuzz.config import ConfigError, choose_campaign
 
     def defaults(family: str, variant: str) -> tuple[str, ...]:
-        from .contracts import get_contract
+        from kda_fuzz.families import get_contract
 
         return tuple(get_contract(family).default_targets.get(variant, ()))
 
@@ -462,7 +462,7 @@ def _choose(args: argparse.Namespace) -> Any:
 
 def _start_line(args: argparse.Namespace, jobs: int) -> str:
     """What the campaign chose: family, variant, targets and where they come from, jobs."""
-    from .config import SOURCES
+    from kda_fuzz.config import SOURCES
 
     c = args.chosen
     auto = (" (auto: 8 per GPU)" if args.device.startswith("cuda") else " (auto: one per "
@@ -474,8 +474,8 @@ def _start_line(args: argparse.Namespace, jobs: int) -> str:
 
 def _supervisor(args: argparse.Namespace, names: tuple[list[str], list[str]], jobs: int,
                 options: dict[str, Any]) -> Any:
-    from .parallel import Supervisor
-    from .runner import CampaignOptions
+    from kda_fuzz.campaign.runner import CampaignOptions
+    from kda_fuzz.campaign.supervisor import Supervisor
 
     return Supervisor(args.family, args.contract, names[0], jobs, peers=names[1],
                       timeout=args.timeout, options=CampaignOptions(**options),
@@ -489,7 +489,7 @@ def _wants_example_db(args: argparse.Namespace) -> bool:
 
 
 def _contract(args: argparse.Namespace) -> Any:
-    from .contracts import get_contract
+    from kda_fuzz.families import get_contract
 
     try:
         contract = get_contract(args.family or DEFAULT_FAMILY)
@@ -502,12 +502,12 @@ def _contract(args: argparse.Namespace) -> Any:
 
 def _fuzz(args: argparse.Namespace, signals: Any = None) -> int:
     """``kda-fuzz fuzz``; SIGINT and SIGTERM handled by ``signals`` (an entered
-    :class:`~kda_fuzz.interrupt.Signals`; ``None``: its own, for the whole command)."""
-    from .corpus import replay_command_line
-    from .findings import FindingSaver
-    from .interrupt import Signals
-    from .progress import Progress
-    from .runner import CampaignOptions, campaign, share_of
+    :class:`~kda_fuzz.campaign.interrupt.Signals`; ``None``: its own, for the whole command)."""
+    from kda_fuzz.campaign.findings import FindingSaver
+    from kda_fuzz.campaign.interrupt import Signals
+    from kda_fuzz.campaign.runner import CampaignOptions, campaign, share_of
+    from kda_fuzz.corpus.store import replay_command_line
+    from kda_fuzz.report.progress import Progress
 
     if getattr(args, "chosen", None) is None:  # main did so already; other callers may not
         check_fuzz_args(args)
@@ -519,7 +519,7 @@ def _fuzz(args: argparse.Namespace, signals: Any = None) -> int:
     contract = _contract(args)
     shard = _shard(args)
     if not (args.no_isolate and args.jobs == "1"):
-        from .process import start_fork_server
+        from kda_fuzz.workers.process import start_fork_server
 
         start_fork_server()  # the workers' imports, overlapping this process's own
     _prepare_device(args.device, contract)
@@ -531,7 +531,7 @@ def _fuzz(args: argparse.Namespace, signals: Any = None) -> int:
         history=bool(args.report), **_shaping(args, contract))
     options.update(_pinned(args, contract))
     if shard is not None:  # the plan of the whole campaign, this shard's share of it
-        from .shard import DEFAULT_SEED
+        from kda_fuzz.campaign.shard import DEFAULT_SEED
 
         options.update(max_examples=args.max_examples * shard.count,
                        shard=(shard.index, shard.count),
@@ -560,7 +560,7 @@ def _fuzz(args: argparse.Namespace, signals: Any = None) -> int:
             share = share_of(contract, args.contract, CampaignOptions(**options), jobs)
         replay = None
         if db is not None:
-            from .exampledb import replay_stored
+            from kda_fuzz.campaign.exampledb import replay_stored
 
             replay = replay_stored(db[0], db[1], db[2], contract, args.contract,
                                    [*targets, *peers], device=args.device,
@@ -630,7 +630,7 @@ def _calibrated(args: argparse.Namespace, contract: Any, targets: list[Any], pee
     notes = []
     if not args.device.startswith("cuda") and not (args.budget or args.max_b) \
             and not _own_kernels(targets, contract, args.contract):
-        from .calibrate import apply, calibrate
+        from kda_fuzz.campaign.calibrate import apply, calibrate
 
         for t in [*targets, *peers]:
             sizing = calibrate(contract, args.contract, t.name, timeout=args.timeout)
@@ -646,7 +646,7 @@ def _wrap_up(args: argparse.Namespace, contract: Any, report: Any, new: list[Any
              db: Any, replay: Any, signals: Any) -> int:
     """Save what is not saved yet, the example database, the report and the summary; the
     exit code."""
-    from .runner import require_executed
+    from kda_fuzz.campaign.runner import require_executed
 
     report.notes[:0] = report_notes
     stop = signals.stop
@@ -666,19 +666,19 @@ def _wrap_up(args: argparse.Namespace, contract: Any, report: Any, new: list[Any
     if corpus and report.failures:
         _save(report, contract, corpus, args, done=saver.settled)
     if share is not None:
-        from .shard import note
+        from kda_fuzz.campaign.shard import note
 
         report.extra["shard"] = share
         report.notes.insert(0, note(share))
     if db is not None and replay is not None:
-        from .exampledb import save_failures
+        from kda_fuzz.campaign.exampledb import save_failures
 
         replay.saved = save_failures(db[0], db[2], new, seed=report.seed,
                                      shard=str(shard) if shard else None)
         report.extra["example_db"] = replay.to_json()
         report.notes.append(replay.note())
     if args.report:
-        from .html_report import write_report
+        from kda_fuzz.report.html import write_report
 
         path = write_report(report, args.report)
         print(f"kda-fuzz: report written to {path}", file=sys.stderr)
@@ -691,7 +691,7 @@ def _wrap_up(args: argparse.Namespace, contract: Any, report: Any, new: list[Any
 def _pinned(args: argparse.Namespace, contract: Any) -> dict[str, Any]:
     """``--layout`` pins and ``--unsupported`` features as campaign options, checked now
     (a pin no valid layout can have is a usage error)."""
-    from .contracts.pins import PinError, parse_layout, scalar_of
+    from kda_fuzz.families.packed.pins import PinError, parse_layout, scalar_of
 
     if not 0 <= args.layout_share <= 1:
         raise UsageError("--layout-share must be between 0 and 1")
@@ -737,7 +737,7 @@ def _pin_notes(options: dict[str, Any], targets: list[Any], contract: Any,
     declared = [u for t in targets for u in getattr(t.fn, "kda_fuzz_unsupported", ())]
     left = tuple(dict.fromkeys([*options.get("unsupported", ()), *declared]))
     if left and contract.restrict is not None:
-        from .contracts.pins import describe
+        from kda_fuzz.families.packed.pins import describe
 
         try:
             pins = contract.restrict(left, variant)
@@ -749,10 +749,10 @@ def _pin_notes(options: dict[str, Any], targets: list[Any], contract: Any,
 
 
 def _shard(args: argparse.Namespace) -> Any:
-    """``--shard I/N`` as a :class:`~kda_fuzz.shard.Shard` (``None`` without it)."""
+    """``--shard I/N`` as a :class:`~kda_fuzz.campaign.shard.Shard` (``None`` without it)."""
     if args.shard is None:
         return None
-    from .shard import parse_shard
+    from kda_fuzz.campaign.shard import parse_shard
 
     try:
         return parse_shard(args.shard)
@@ -764,7 +764,7 @@ def _example_db(args: argparse.Namespace, contract: Any, targets: list[Any]
                 ) -> tuple[Any, str, bytes] | None:
     """The example database (``--example-db``, else the project's ``example_db``), its
     URL and the key of this campaign's failures; ``None`` without one."""
-    from .exampledb import ExampleDbError, campaign_key, open_database, resolve
+    from kda_fuzz.campaign.exampledb import ExampleDbError, campaign_key, open_database, resolve
 
     url = args.example_db
     if url is None:
@@ -783,7 +783,7 @@ def _merge_replayed(report: Any, replay: Any) -> list[Any]:
     """The campaign's new failures; replayed ones (if any) go first in ``report``."""
     if replay is None:
         return list(report.failures)
-    from .exampledb import merge_replayed
+    from kda_fuzz.campaign.exampledb import merge_replayed
 
     return merge_replayed(report, replay.failures)
 
@@ -800,8 +800,8 @@ def _save(report: Any, contract: Any, corpus: str, args: argparse.Namespace,
     """Save each distinct failure not in ``done`` (saved as found); one too large for a
     corpus file is described instead. Outside a project that opted in, say how pytest
     would replay the files."""
-    from .config import config_snippet
-    from .corpus import SEEN_AGAIN, CaseTooLarge, replay_command_line, save_failure
+    from kda_fuzz.config import config_snippet
+    from kda_fuzz.corpus.store import SEEN_AGAIN, CaseTooLarge, replay_command_line, save_failure
 
     settled = {id(f) for f in done}
     for f in report.failures:
@@ -840,7 +840,7 @@ def _shaping(args: argparse.Namespace, contract: Any = None) -> dict[str, Any]:
     """Layout sizes: compile-aware defaults on cuda (families, bucketed batches), small
     layouts for the interpreted default kernels on cpu (other targets on cpu are measured
     first, see ``calibrate``); the numbers are the contract's ``sizing``."""
-    from .contract import Sizing
+    from kda_fuzz.engine.contract import Sizing
 
     sz = contract.sizing if contract is not None else Sizing()
     cuda = args.device.startswith("cuda")
@@ -862,7 +862,7 @@ def _shaping(args: argparse.Namespace, contract: Any = None) -> dict[str, Any]:
 
 def _jobs(args: argparse.Namespace) -> int:
     if args.jobs == "auto":
-        from .parallel import auto_jobs
+        from kda_fuzz.campaign.supervisor import auto_jobs
 
         return auto_jobs(args.device)
     try:
@@ -875,14 +875,14 @@ def _jobs(args: argparse.Namespace) -> int:
 
 
 def _minimizer(contract: Any, seconds: float = 30.0) -> Any:
-    from .minimize import minimize_with_verdict
+    from kda_fuzz.campaign.minimize import minimize_with_verdict
 
     return lambda case, target, verdict, run: minimize_with_verdict(
         contract, case, target.fn, verdict, run=run, seconds=seconds)
 
 
 def _print_report(report: Any, as_json: bool) -> None:
-    from .progress import print_summary
+    from kda_fuzz.report.progress import print_summary
 
     if as_json:
         print(json.dumps(report.to_json(), sort_keys=True))
@@ -894,8 +894,8 @@ def _replay(args: argparse.Namespace) -> int:
     """``kda-fuzz replay``: each file under its own family and variant unless ``--family``
     or ``--contract`` says otherwise, against ``--target``, else the project's configured
     targets for the file's family and variant, else kda-fuzz's own kernels."""
-    from .config import choose_targets
-    from .replay import replay_paths
+    from kda_fuzz.config import choose_targets
+    from kda_fuzz.corpus.replay import replay_paths
 
     if args.timeout <= 0:
         raise UsageError("--timeout must be positive")
@@ -906,7 +906,7 @@ def _replay(args: argparse.Namespace) -> int:
         raise UsageError(f"unknown variant {args.contract!r} (choose from "
                          f"{', '.join(VARIANTS)})")
     m = _check_device(args.device)
-    from .contracts import CONTRACTS
+    from kda_fuzz.families import CONTRACTS
 
     for contract in CONTRACTS.values():  # every family a file may name
         _prepare_device(args.device, contract)
@@ -927,7 +927,7 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from .show import ShowError, show
+    from kda_fuzz.show import ShowError, show
 
     try:
         print(show(args.file, python=args.python, target=args.target, config=_config()),
@@ -942,7 +942,7 @@ def _project_families() -> None:
     every worker (through the environment they inherit)."""
     cfg = _config()
     if cfg.families:
-        from .contracts import ENV_VAR
+        from kda_fuzz.families import ENV_VAR
 
         have = [s for s in os.environ.get(ENV_VAR, "").split(",") if s]
         os.environ[ENV_VAR] = ",".join(dict.fromkeys([*have, *cfg.families]))
@@ -967,7 +967,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "fuzz":
             check_fuzz_args(args)  # before anything heavy is imported
             _choose(args)  # imports the contracts only to name their own kernels
-        from .oracle import EnvironmentFailure
+        from kda_fuzz.engine.oracle import EnvironmentFailure
     except UsageError as e:
         print(f"kda-fuzz: error: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -975,7 +975,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "fuzz":
             return _fuzz(args)
         if args.command == "merge":
-            from .merge import merge_command
+            from kda_fuzz.corpus.merge import merge_command
 
             return merge_command(args)
         if args.command == "show":

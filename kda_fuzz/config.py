@@ -6,7 +6,7 @@
     corpus = ["corpus"]                 # corpus folders, relative to pyproject.toml
     hypothesis_profile = "ci"           # optional: profile the pytest plugin loads
     example_db = "redis://ci-redis:6379/0"  # optional: shared example database (a URL or
-                                        # a folder; see kda_fuzz/exampledb.py)
+                                        # a folder; see kda_fuzz/campaign/exampledb.py)
     families = ["mypkg.contract:CONTRACT"]  # optional: the project's own contract families
 
     [tool.kda-fuzz.layouts]             # optional: named pins for `kda-fuzz fuzz --layout NAME`
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .targets import SOURCES, TargetChoice, recorded_targets
+from kda_fuzz.engine.targets import SOURCES, TargetChoice, recorded_targets
 
 TABLE = "kda-fuzz"
 DEFAULT_CORPUS = ("corpus",)

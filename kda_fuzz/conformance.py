@@ -13,13 +13,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from .case import Case
-from .contracts import get_contract
-from .corpus import replay_command_line, save_case
-from .oracle import expectation, run_case
-from .progress import layout_of
-from .targets import Target, check_signature, load_target
-from .verdict import Verdict
+from kda_fuzz.corpus.store import replay_command_line, save_case
+from kda_fuzz.engine.case import Case
+from kda_fuzz.engine.oracle import expectation, run_case
+from kda_fuzz.engine.targets import Target, check_signature, load_target
+from kda_fuzz.engine.verdict import Verdict
+from kda_fuzz.families import get_contract
+from kda_fuzz.report.progress import layout_of
 
 __all__ = ["assert_conforms", "check", "failure_report"]
 

@@ -2,7 +2,7 @@
 
 ``kda-fuzz`` parses and checks its arguments before importing anything heavy, so the
 contract families and their variants are listed here as plain strings;
-``tests/test_cli_front.py`` checks that they match :data:`kda_fuzz.contracts.CONTRACTS`.
+``tests/test_cli_front.py`` checks that they match :data:`kda_fuzz.families.CONTRACTS`.
 """
 
 from __future__ import annotations

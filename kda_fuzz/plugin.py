@@ -19,7 +19,7 @@ In a project that opts in:
 * markers ``gpu``, ``slow``, ``corpus``; ``--kda-device cpu|cuda`` (``-m gpu`` implies
   cuda); without a CUDA device selected, ``gpu`` tests are deselected; ``-n auto`` on cuda
   starts a few xdist workers per GPU; on cpu the project's kernels are set up for the CPU
-  (``TRITON_INTERPRET``, see ``kernels/kda_decode/_execution.py``).
+  (``TRITON_INTERPRET``, see ``kda_fuzz/execution/cpu.py``).
 * Hypothesis profiles ``ci`` (25 examples), ``nightly`` (2000), ``gpu`` (100), all without
   deadline, database or health checks, are registered (unless the project already has
   profiles by those names). One is loaded only when asked: ``KDA_FUZZ_PROFILE=NAME`` or
@@ -40,7 +40,7 @@ Many machines: ``--kda-shard I/N`` runs shard I of N of the session's tests (the
 items in node-id order, every N-th from the I-th; the others are deselected), so N CI
 runners split one suite without overlap. ``--kda-example-db URL`` (or ``example_db`` in
 ``[tool.kda-fuzz]``) gives the session's Hypothesis settings a shared example database
-(``redis://host:port/db`` or a folder, see :mod:`kda_fuzz.exampledb`): a failing
+(``redis://host:port/db`` or a folder, see :mod:`kda_fuzz.campaign.exampledb`): a failing
 example of a property-based test found on one runner is replayed first on the others'
 next run (Hypothesis' reuse phase). Both act whenever they are given.
 
@@ -66,7 +66,7 @@ from typing import Any
 
 import pytest
 
-from .config import (
+from kda_fuzz.config import (
     Config,
     ConfigError,
     choose_targets,
@@ -163,7 +163,7 @@ def _resolve(config: pytest.Config) -> State:
 def pytest_configure(config: pytest.Config) -> None:
     _session_shard(config)  # a bad --kda-shard is a usage error, opted in or not
     if config.getoption("--kda-save-failures"):  # opted in or not: the user asked
-        from . import conformance
+        from kda_fuzz import conformance
 
         conformance.SAVE_DIR = Path(config.getoption("--kda-save-failures"))
     if config.getoption("--kda-corpus-timeout") <= 0:
@@ -172,7 +172,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if not st.active:
         return
     if st.config.families:  # the project's own families, here and in the workers
-        from .contracts import ENV_VAR
+        from kda_fuzz.families import ENV_VAR
 
         have = [s for s in os.environ.get(ENV_VAR, "").split(",") if s]
         os.environ[ENV_VAR] = ",".join(dict.fromkeys([*have, *st.config.families]))
@@ -182,7 +182,7 @@ def pytest_configure(config: pytest.Config) -> None:
     _hypothesis_profiles(st.config)
     if kda_device(config).startswith("cuda"):
         return
-    from .contracts import CONTRACTS
+    from kda_fuzz.families import CONTRACTS
 
     for contract in CONTRACTS.values():  # each family's kernels, before they are imported
         if contract.execution is not None:
@@ -212,7 +212,7 @@ def _session_shard(config: pytest.Config) -> Any:
     text = config.getoption("--kda-shard", default=None)
     if text is None:
         return None
-    from .shard import parse_shard
+    from kda_fuzz.campaign.shard import parse_shard
 
     try:
         return parse_shard(text)
@@ -227,7 +227,7 @@ def _example_db_url(config: pytest.Config) -> str | None:
         return str(url)
     st = state(config)
     if st.active and st.config.example_db:
-        from .exampledb import resolve
+        from kda_fuzz.campaign.exampledb import resolve
 
         return resolve(st.config.example_db, st.config.root)
     return None
@@ -241,7 +241,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         return
     from hypothesis import settings
 
-    from .exampledb import ExampleDbError, open_database
+    from kda_fuzz.campaign.exampledb import ExampleDbError, open_database
 
     try:
         db = open_database(url)
@@ -279,7 +279,7 @@ def kda_device(config: pytest.Config) -> str:
 
 def device_name(config: pytest.Config) -> str:
     """``cpu`` or ``cuda[:i]``: under xdist, worker i uses GPU i mod n."""
-    from .parallel import device_for
+    from kda_fuzz.campaign.supervisor import device_for
 
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
     return device_for(kda_device(config), int(worker[2:]) if worker[2:].isdigit() else 0)
@@ -291,7 +291,7 @@ def kda_device_name(request: pytest.FixtureRequest) -> str:
 
     On a GPU each worker may use its share of the device's memory and no more, so that
     workers sharing one GPU cannot exhaust it."""
-    from .parallel import claim_device
+    from kda_fuzz.campaign.supervisor import claim_device
 
     return claim_device(device_name(request.config), 0)
 
@@ -304,7 +304,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
         return None
     import torch
 
-    from .parallel import JOBS_PER_GPU
+    from kda_fuzz.campaign.supervisor import JOBS_PER_GPU
 
     cpus = os.cpu_count() or 1
     return max(1, min(cpus, JOBS_PER_GPU * max(1, torch.cuda.device_count())))
@@ -371,9 +371,9 @@ class CorpusItem(pytest.Item):
     """Replays one corpus file against the configured targets (or ``--kda-corpus-target``)."""
 
     def runtest(self) -> None:
-        from .corpus import CorpusError, replay_command_line
-        from .progress import layout_of
-        from .replay import check_entry, replay
+        from kda_fuzz.corpus.replay import check_entry, replay
+        from kda_fuzz.corpus.store import CorpusError, replay_command_line
+        from kda_fuzz.report.progress import layout_of
 
         st = state(self.config)
         override = self.config.getoption("--kda-corpus-target", default=[]) or []
@@ -420,7 +420,7 @@ class CorpusItem(pytest.Item):
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException],
                      style: Any = None) -> str | Any:
-        from .corpus import CorpusError
+        from kda_fuzz.corpus.store import CorpusError
 
         if isinstance(excinfo.value, CorpusError | CorpusReplayFailure | StaleCorpusEntry):
             return str(excinfo.value)
@@ -437,7 +437,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     outcome = yield
     if call.when != "call" or not item.config.getoption("--kda-save-failures"):
         return
-    from . import conformance
+    from kda_fuzz import conformance
 
     report = outcome.get_result()
     if not report.failed:
@@ -445,7 +445,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         return
     saved = conformance.save_pending(conformance.SAVE_DIR or Path("."), item.nodeid)
     if saved is not None:
-        from .corpus import replay_command_line
+        from kda_fuzz.corpus.store import replay_command_line
 
         path, target, variant = saved
         report.sections.append(("kda-fuzz", f"saved the failing case: {path}\nreproduce: "

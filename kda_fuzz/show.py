@@ -20,12 +20,12 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from .config import Config, choose_targets, recorded_targets
-from .contracts import get_contract
-from .corpus import DTYPE_NAMES, CorpusError, _le_bytes, replay_command_line
-from .oracle import expectation
-from .progress import layout_of
-from .replay import Entry, load_entry
+from kda_fuzz.config import Config, choose_targets, recorded_targets
+from kda_fuzz.corpus.replay import Entry, load_entry
+from kda_fuzz.corpus.store import DTYPE_NAMES, CorpusError, _le_bytes, replay_command_line
+from kda_fuzz.engine.oracle import expectation
+from kda_fuzz.families import get_contract
+from kda_fuzz.report.progress import layout_of
 
 
 class ShowError(Exception):
@@ -164,7 +164,7 @@ def build():
 
 def load_target():
     try:  # the project's kernels need kda-fuzz's CPU set-up (the Triton interpreter)
-        from kda_fuzz.contracts import get_contract
+        from kda_fuzz.families import get_contract
 
         execution = get_contract({family!r}).execution
         if DEVICE == "cpu" and execution is not None:
@@ -190,9 +190,9 @@ def main():
     except Exception as e:
         print(f"the target raised {{type(e).__name__}}: {{e}}")
     try:
-        from kda_fuzz.corpus import parse_case
-        from kda_fuzz.oracle import run_case
-        from kda_fuzz.contracts import get_contract
+        from kda_fuzz.corpus.store import parse_case
+        from kda_fuzz.engine.oracle import run_case
+        from kda_fuzz.families import get_contract
     except ImportError:
         print("kda-fuzz is not installed: not judged")
         return 0

@@ -1,6 +1,6 @@
 """Hypothesis strategies of packed decode layouts, for your own property tests.
 
-Each strategy draws :class:`~kda_fuzz.case.Case` values: the arguments of one call of a
+Each strategy draws :class:`~kda_fuzz.engine.case.Case` values: the arguments of one call of a
 family's entry point (tensors as strided views of guarded buffers, scalars), with the
 contract variant they were drawn for. Give one to :func:`kda_fuzz.check` or
 :func:`kda_fuzz.assert_conforms` with your kernel::
@@ -26,9 +26,9 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from .case import Case
-from .contract import Contract
-from .contracts import get_contract
+from kda_fuzz.engine.case import Case
+from kda_fuzz.engine.contract import Contract
+from kda_fuzz.families import get_contract
 
 __all__ = ["breakages", "broken_layouts", "valid_layouts"]
 

@@ -16,12 +16,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kda_fuzz.contracts import get_contract  # noqa: E402
-from kda_fuzz.corpus import save_failure  # noqa: E402
-from kda_fuzz.minimize import minimize_with_verdict  # noqa: E402
-from kda_fuzz.oracle import run_case  # noqa: E402
-from kda_fuzz.runner import Target, campaign  # noqa: E402
-from kda_fuzz.targets import load_target  # noqa: E402
+from kda_fuzz.campaign.minimize import minimize_with_verdict  # noqa: E402
+from kda_fuzz.campaign.runner import Target, campaign  # noqa: E402
+from kda_fuzz.corpus.store import save_failure  # noqa: E402
+from kda_fuzz.engine.oracle import run_case  # noqa: E402
+from kda_fuzz.engine.targets import load_target  # noqa: E402
+from kda_fuzz.families import get_contract  # noqa: E402
 from tests import gdn_mutants  # noqa: E402
 
 GDN = get_contract("gdn")

@@ -41,7 +41,7 @@ def three_arguments(mixed_qkv, a, b):
 def interpreter_gap(*args):
     """Fails in the execution machinery (as an interpreter without a libdevice function
     does), not in its own code."""
-    from kda_fuzz_kernels.kda_decode._execution import ExecutionEnvironmentError
+    from kda_fuzz.execution.cpu import ExecutionEnvironmentError
 
     if bool((args[8] >= 0).any()):
         raise ExecutionEnvironmentError("libdevice.erfcx has no CPU implementation")

@@ -13,13 +13,13 @@ from typing import Any
 
 import torch
 
-from kda_fuzz.contracts.kda import CHECKS
+from kda_fuzz.families.kda.contract import CHECKS
 
 
 def _validate(args: dict[str, Any], variant: str, bugs: frozenset[str]) -> tuple[int, ...]:
     """The contract's checks in order (with upstream's holes unless ``harden``)."""
-    from kda_fuzz.contract import Namespace
-    from kda_fuzz.contracts.kda import DERIVED
+    from kda_fuzz.engine.contract import Namespace
+    from kda_fuzz.families.kda.contract import DERIVED
 
     ns = Namespace(args, DERIVED)
     checks = [c for c in CHECKS if c.applies(variant)]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from kda_fuzz.calibrate import EXAMPLE_SECONDS, INTERPRETED_ROW_HEAD, apply, calibrate
-from kda_fuzz.contracts import get_contract
+from kda_fuzz.campaign.calibrate import EXAMPLE_SECONDS, INTERPRETED_ROW_HEAD, apply, calibrate
+from kda_fuzz.families import get_contract
 
 KDA = get_contract("kda")
 

@@ -129,7 +129,8 @@ def test_cuda_jobs_start_before_the_target_import_and_stop_on_a_usage_error(
         monkeypatch, capsys) -> None:
     """On cuda the jobs start first (their imports of a Helion target overlap the parent's
     checks); a target that cannot be imported still exits 2 with one line, jobs stopped."""
-    from kda_fuzz import cli, parallel
+    from kda_fuzz import cli
+    from kda_fuzz.campaign import supervisor as parallel
 
     calls: list[str] = []
     monkeypatch.setattr(cli, "_prepare_device", lambda device, contract: None)

@@ -40,7 +40,7 @@ def _run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
 
 
 def test_the_light_registry_names_every_contract_and_variant() -> None:
-    from kda_fuzz.contracts import CONTRACTS
+    from kda_fuzz.families import CONTRACTS
 
     assert {n: c.variants for n, c in CONTRACTS.items()} == FAMILIES
 
@@ -177,8 +177,8 @@ def test_replay_follows_each_files_family_and_variant(tmp_path: Path) -> None:
 
 
 def test_replay_record_and_cut_details(tmp_path: Path) -> None:
-    from kda_fuzz.replay import check_entry, replay, shorten
-    from kda_fuzz.targets import load_target
+    from kda_fuzz.corpus.replay import check_entry, replay, shorten
+    from kda_fuzz.engine.targets import load_target
 
     rec = replay(KDA_FILE, [load_target("tests.mutants:pad_wrap")])
     assert rec.status == "FAIL" and rec.family == "kda" and rec.variant == "triton"
@@ -198,8 +198,8 @@ def test_replay_record_and_cut_details(tmp_path: Path) -> None:
 
 def test_replay_cuts_details_at_a_word_and_verbose_prints_them_whole(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from kda_fuzz import replay as replay_module
-    from kda_fuzz.targets import load_target
+    from kda_fuzz.corpus import replay as replay_module
+    from kda_fuzz.engine.targets import load_target
 
     monkeypatch.setattr(replay_module, "DETAIL_WIDTH", 60)
     target = [load_target("tests.mutants:pad_wrap")]
@@ -252,8 +252,8 @@ def test_pytest_short_summary_names_the_failure(pytester: pytest.Pytester) -> No
 def test_the_summary_table_does_not_cut_target_names() -> None:
     import io
 
-    from kda_fuzz.progress import print_summary
-    from kda_fuzz.runner import Report
+    from kda_fuzz.campaign.runner import Report
+    from kda_fuzz.report.progress import print_summary
 
     name = "a_rather_long_package.with_submodules.decode:fused_recurrent_kda_packed_decode_v2"
     buf = io.StringIO()
@@ -299,8 +299,8 @@ def test_show_python_writes_a_script_that_reproduces_the_failure(path: Path,
 def test_show_python_rebuilds_the_arguments_bit_for_bit(tmp_path: Path) -> None:
     import torch
 
-    from kda_fuzz.corpus import load_case
-    from kda_fuzz.replay import load_entry
+    from kda_fuzz.corpus.replay import load_entry
+    from kda_fuzz.corpus.store import load_case
     from kda_fuzz.show import script
 
     entry = load_entry(BROKEN)
@@ -331,9 +331,9 @@ def test_argparse_namespace_of_old_callers_still_works() -> None:
 def test_the_example_database_replays_through_the_replay_path(tmp_path: Path) -> None:
     from hypothesis.database import DirectoryBasedExampleDatabase
 
-    from kda_fuzz.contracts import get_contract
-    from kda_fuzz.exampledb import campaign_key, replay_stored, secondary
-    from kda_fuzz.targets import load_target
+    from kda_fuzz.campaign.exampledb import campaign_key, replay_stored, secondary
+    from kda_fuzz.engine.targets import load_target
+    from kda_fuzz.families import get_contract
 
     db = DirectoryBasedExampleDatabase(str(tmp_path / "db"))
     key = campaign_key("kda", "triton", ["tests.mutants:pad_wrap"])

@@ -24,12 +24,11 @@ import torch
 # be imported twice: importing them now, before any pytester fixture, keeps them loaded.
 import kda_fuzz_kernels.kda_decode.helion_kernel
 import kda_fuzz_kernels.kda_decode.triton_kernel  # noqa: F401
-from kda_fuzz import corpus
-from kda_fuzz.case import Case, TensorArg
+from kda_fuzz.campaign.minimize import minimize, minimize_with_verdict
+from kda_fuzz.campaign.runner import Failure, fingerprint
 from kda_fuzz.cli import main as cli_main
-from kda_fuzz.contracts import get_contract
-from kda_fuzz.contracts.kda_layouts import KdaLayout, Values, build
-from kda_fuzz.corpus import (
+from kda_fuzz.corpus import store as corpus
+from kda_fuzz.corpus.store import (
     CaseTooLarge,
     CorpusError,
     case_digest,
@@ -38,10 +37,11 @@ from kda_fuzz.corpus import (
     load_case,
     save_case,
 )
-from kda_fuzz.minimize import minimize, minimize_with_verdict
-from kda_fuzz.oracle import expectation, run_case
-from kda_fuzz.runner import Failure, fingerprint
-from kda_fuzz.verdict import Verdict
+from kda_fuzz.engine.case import Case, TensorArg
+from kda_fuzz.engine.oracle import expectation, run_case
+from kda_fuzz.engine.verdict import Verdict
+from kda_fuzz.families import get_contract
+from kda_fuzz.families.kda.layouts import KdaLayout, Values, build
 
 pytest_plugins = ["pytester"]
 
@@ -129,7 +129,7 @@ def test_round_trip_is_bit_exact(tmp_path: Path) -> None:
 
 
 def test_round_trip_of_a_runner_failure(tmp_path: Path) -> None:
-    from kda_fuzz.corpus import save_failure
+    from kda_fuzz.corpus.store import save_failure
 
     case = _case(B=4)
     outcome = run_case(KDA, case, _mutant("ignore_slot_stride"))
@@ -421,7 +421,7 @@ def _check_written(directory: Path, n: int) -> None:
 
 
 def test_sixteen_concurrent_writer_processes_lose_and_corrupt_nothing(tmp_path: Path) -> None:
-    from kda_fuzz.corpus import encode_entry
+    from kda_fuzz.corpus.store import encode_entry
     from tests import corpus_writer
 
     n = 16
@@ -591,8 +591,8 @@ def test_minimize_channel_counts_follow_the_variant(variant: str, V: int) -> Non
 
 
 def test_trading_rows_for_heads_keeps_every_row_heads_numbers() -> None:
-    from kda_fuzz.contracts.packed_shrink import _merge_rows, _sizes, _split_heads
-    from kda_fuzz.oracle import call_args
+    from kda_fuzz.engine.oracle import call_args
+    from kda_fuzz.families.packed.shrink import _merge_rows, _sizes, _split_heads
     from kda_fuzz_kernels.kda_decode import reference_kda_packed_decode
 
     def outputs(c: Case) -> tuple[torch.Tensor, torch.Tensor]:
@@ -723,7 +723,7 @@ def test_replay_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
 
 def test_replay_timeout_is_how_long_a_worker_target_may_run(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from kda_fuzz.verdict import Verdict
+    from kda_fuzz.engine.verdict import Verdict
 
     path = save_case(_case(B=2, padding="none"),
                      Verdict("timeout", "no-return", "did not return within 3 s"), tmp_path)

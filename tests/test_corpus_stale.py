@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from kda_fuzz.case import Case
-from kda_fuzz.contracts import get_contract
-from kda_fuzz.corpus import load_case, save_case, stale_reason
-from kda_fuzz.replay import replay_command
-from kda_fuzz.targets import load_target
+from kda_fuzz.corpus.replay import replay_command
+from kda_fuzz.corpus.store import load_case, save_case, stale_reason
+from kda_fuzz.engine.case import Case
+from kda_fuzz.engine.targets import load_target
+from kda_fuzz.families import get_contract
 
 pytest_plugins = ["pytester"]
 

@@ -1,4 +1,18 @@
-"""The engine's layering: no import cycles, no family names in the core."""
+"""The package's layering: folders are concerns, imports point one way, the engine knows no
+family.
+
+Layers, lowest first (a module imports only from its own layer or lower ones, at module
+level or inside functions):
+
+0. ``engine``, ``execution``: cases, contracts as data, verdicts, the oracle; running
+   Helion/Triton kernels on CPU.
+1. ``families``: the kernel families' contracts, layouts, judges (built on the engine).
+2. ``workers``: the fork server and isolated targets.
+3. ``corpus``: the file format, saving, loading, replaying and merging entries.
+4. ``campaign``: plan, runner, supervised jobs, shards, calibration, minimization.
+5. ``report``: progress display, summaries, the HTML report.
+6. the front ends: ``cli``, ``plugin``, ``config``, ``__main__``.
+"""
 
 from __future__ import annotations
 
@@ -9,44 +23,65 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "kda_fuzz"
-# Function-level imports of sibling modules are allowed only where they keep a start-up
-# cheap (the console script's --help, the pytest plugin in projects that do not opt in).
-LAZY_OK = {"cli", "plugin", "__init__"}  # __init__: the public API on first use
-# The core: no module of it names a family's arguments or sizes.
-CORE = ("runner", "oracle", "minimize", "corpus", "isolate", "parallel", "plugin", "cli",
-        "targets", "shrink", "calibrate", "channel", "findings", "interrupt")
-FAMILY_NAMES = re.compile(r"\b(mixed_qkv|initial_state|ssm_state_indices|lower_bound|"
-                          r"kda_decode|kda_layouts|kda_scale|_execution)\b")
+LAYERS = {"engine": 0, "execution": 0, "_version": 0, "_kernels_path": 0, "families": 1,
+          "workers": 2, "corpus": 3, "campaign": 4, "report": 5}
+FRONT = 6
+# Modules that know no kernel family: everything but the families and the CPU execution
+# of Helion/Triton kernels.
+NEUTRAL = ("engine", "workers", "corpus", "campaign", "report")
+# Words that belong to a family (its arguments, sizes and variants), never to the engine;
+# matched in code and string literals (docstrings and comments may give examples).
+FAMILY_WORDS = re.compile(
+    r"\b(mixed_qkv|initial_state|ssm_state_indices|A_log|dt_bias|lower_bound|"
+    r"use_qk_l2norm_in_kernel|num_slots|slots?|HV|B\*HV|B·HV|packed|[Hh]elion|[Tt]riton|"
+    r"gdn|GDN|KDA|kda(?![-_]fuzz)|kda_decode|gdn_decode|_execution)\b")
+
+
+def _name(path: Path) -> str:
+    rel = path.relative_to(PKG.parent).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
 
 
 def _modules() -> dict[str, Path]:
-    out = {p.stem: p for p in PKG.glob("*.py")}
-    out.update({f"contracts.{p.stem}": p for p in (PKG / "contracts").glob("*.py")})
-    return out
+    return {_name(p): p for p in PKG.rglob("*.py")}
 
 
-def _imports(name: str, path: Path, top_level: bool) -> set[str]:
-    """Sibling modules ``name`` imports (at module level, or inside functions)."""
+def _layer(name: str) -> int:
+    parts = name.split(".")
+    return LAYERS.get(parts[1], FRONT) if len(parts) > 1 else FRONT
+
+
+def _imports(path: Path, *, functions_only: bool = False) -> set[str]:
+    """The ``kda_fuzz`` modules a file imports (all of them, or only inside functions)."""
     tree = ast.parse(path.read_text())
-    pkg = name.rsplit(".", 1)[0] if "." in name else ""
-    nodes = tree.body if top_level else [n for f in ast.walk(tree)
-                                         if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
-                                         for n in ast.walk(f)]
+    mods = _modules()
+    if functions_only:
+        nodes = [n for f in ast.walk(tree)
+                 if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
+                 for n in ast.walk(f)]
+    else:
+        nodes = list(ast.walk(tree))
     found: set[str] = set()
     for node in nodes:
-        if isinstance(node, ast.ImportFrom) and node.level:
-            base = pkg.split(".")[: len(pkg.split(".")) - (node.level - 1)] if pkg else []
-            mod = ".".join([*[b for b in base if b], *(node.module or "").split(".")]).strip(".")
-            names = [mod] if node.module else [f"{mod}.{a.name}".strip(".") for a in node.names]
-            found.update(n if n in _modules() else n.rsplit(".", 1)[0] for n in names)
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("kda_fuzz."):
-            found.add(node.module.removeprefix("kda_fuzz."))
-    found = {"contracts.__init__" if f == "contracts" else f for f in found}
-    return {f for f in found if f in _modules() and f != name}
+        if isinstance(node, ast.ImportFrom):
+            assert not node.level, f"{path}: relative import (imports are absolute here)"
+            mod = node.module or ""
+            if not mod.startswith("kda_fuzz"):
+                continue
+            for alias in node.names:
+                full = f"{mod}.{alias.name}"
+                found.add(full if full in mods else mod)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("kda_fuzz."))
+    return {f for f in found if f in mods}
 
 
-def test_no_import_cycles() -> None:
-    graph = {n: _imports(n, p, top_level=True) for n, p in _modules().items()}
+def test_no_import_cycles_even_inside_functions() -> None:
+    mods = _modules()
+    graph = {n: {d for d in _imports(p) if d != n and not n.startswith(d + ".")}
+             for n, p in mods.items()}
+    # a package's __init__ imported for its own submodule is not an edge
     state: dict[str, int] = {}
 
     def visit(n: str, path: list[str]) -> None:
@@ -55,29 +90,42 @@ def test_no_import_cycles() -> None:
         if state.get(n) == 2:
             return
         state[n] = 1
-        for d in graph.get(n, ()):
+        for d in sorted(graph.get(n, ())):
             visit(d, [*path, n])
         state[n] = 2
 
-    for n in graph:
+    for n in sorted(graph):
         visit(n, [])
 
 
-@pytest.mark.parametrize("name", sorted(n for n in _modules() if n not in LAZY_OK
-                                        and not n.startswith("contracts.")))
-def test_no_function_level_sibling_imports(name: str) -> None:
-    assert not _imports(name, _modules()[name], top_level=False), (
-        f"kda_fuzz/{name}.py imports sibling modules inside functions")
+@pytest.mark.parametrize("name", sorted(_modules()))
+def test_imports_point_down(name: str) -> None:
+    path = _modules()[name]
+    up = sorted(d for d in _imports(path) if _layer(d) > _layer(name))
+    assert not up, f"{name} (layer {_layer(name)}) imports higher layers: {up}"
 
 
-@pytest.mark.parametrize("name", CORE)
-def test_core_names_no_family(name: str) -> None:
-    code = "\n".join(line for line in (PKG / f"{name}.py").read_text().splitlines()
-                     if not line.lstrip().startswith("#"))
-    tree = ast.parse(code)
-    # docstrings may give examples; the code may not use the names
+def _code_without_prose(path: Path) -> str:
+    tree = ast.parse(path.read_text())
     for node in ast.walk(tree):
-        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
-            node.value.value = ""
-    hits = FAMILY_NAMES.findall(ast.unparse(tree))
-    assert not hits, f"kda_fuzz/{name}.py names family specifics: {sorted(set(hits))}"
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
+                and isinstance(body[0].value, ast.Constant) \
+                and isinstance(body[0].value.value, str):
+            body[0].value.value = ""  # docstrings may give examples
+    return ast.unparse(tree)  # comments are gone
+
+
+@pytest.mark.parametrize("name", sorted(n for n in _modules()
+                                        if n.split(".")[1:2] and n.split(".")[1] in NEUTRAL))
+def test_engine_names_no_family(name: str) -> None:
+    hits = FAMILY_WORDS.findall(_code_without_prose(_modules()[name]))
+    assert not hits, f"{name} names family specifics: {sorted(set(hits))}"
+
+
+def test_every_module_has_a_layer() -> None:
+    top = {p.stem for p in PKG.glob("*.py")}
+    assert top <= {"__init__", "__main__", "_kernels_path", "_version", "cli", "plugin",
+                   "config", "strategies", "conformance", "show", "names"}, top
+    assert {p.name for p in PKG.iterdir() if p.is_dir() and (p / "__init__.py").exists()} \
+        == {k for k in LAYERS if not k.startswith("_")}

@@ -13,12 +13,12 @@ import torch
 import triton
 import triton.language as tl
 
-from kda_fuzz import compiles
-from kda_fuzz.contracts import get_contract
-from kda_fuzz.oracle import EnvironmentFailure
-from kda_fuzz.runner import Report, Target, campaign, require_executed
-from kda_fuzz_kernels.kda_decode import _execution
-from kda_fuzz_kernels.kda_decode._execution import ExecutionEnvironmentError
+from kda_fuzz.campaign.runner import Report, Target, campaign, require_executed
+from kda_fuzz.engine.oracle import EnvironmentFailure
+from kda_fuzz.execution import compiles
+from kda_fuzz.execution import cpu as _execution
+from kda_fuzz.execution.cpu import ExecutionEnvironmentError
+from kda_fuzz.families import get_contract
 from tests import mutants
 
 KDA = get_contract("kda")

@@ -18,8 +18,7 @@ from pathlib import Path
 import pytest
 from hypothesis.database import DirectoryBasedExampleDatabase
 
-from kda_fuzz.contracts import get_contract
-from kda_fuzz.exampledb import (
+from kda_fuzz.campaign.exampledb import (
     REPLAYED_NOTE,
     campaign_key,
     merge_replayed,
@@ -28,7 +27,8 @@ from kda_fuzz.exampledb import (
     save_failures,
     secondary,
 )
-from kda_fuzz.runner import Target, campaign
+from kda_fuzz.campaign.runner import Target, campaign
+from kda_fuzz.families import get_contract
 from tests import mutants
 
 pytest_plugins = ["pytester"]
@@ -161,14 +161,14 @@ def test_isolated_replay_of_a_crash_entry(tmp_path: Path) -> None:
     db = DirectoryBasedExampleDatabase(str(tmp_path / "db"))
     target = "tests.hostile_targets:aborts_on_padding"
     key = campaign_key("kda", "triton", [target])
-    from kda_fuzz.parallel import Supervisor
-    from kda_fuzz.runner import CampaignOptions
+    from kda_fuzz.campaign.runner import CampaignOptions
+    from kda_fuzz.campaign.supervisor import Supervisor
 
     report = Supervisor("kda", "triton", [target], 1, options=CampaignOptions(
         max_examples=60, seed=1, max_failures=1)).run()
     assert report.failures and report.failures[0].verdict.kind == "crash"
     save_failures(db, key, report.failures[:1], seed=1)
-    from kda_fuzz.runner import load_target
+    from kda_fuzz.campaign.runner import load_target
 
     replay = replay_stored(db, "dir", key, KDA, "triton", [load_target(target)])
     assert [f.verdict.kind for f in replay.failures] == ["crash"]

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kda_fuzz.verdict import Verdict, masked
+from kda_fuzz.engine.verdict import Verdict, masked
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from kda_fuzz.channel import ExitReason, JobFound, JobProgress, JobRepeat, Stop
-from kda_fuzz.interrupt import Interrupted, Signals
-from kda_fuzz.parallel import JobError, Supervisor
-from kda_fuzz.progress import Progress
-from kda_fuzz.runner import CampaignOptions, Failure, Report
+from kda_fuzz.campaign.channel import ExitReason, JobFound, JobProgress, JobRepeat, Stop
+from kda_fuzz.campaign.interrupt import Interrupted, Signals
+from kda_fuzz.campaign.runner import CampaignOptions, Failure, Report
+from kda_fuzz.campaign.supervisor import JobError, Supervisor
+from kda_fuzz.report.progress import Progress
 
 ROOT = Path(__file__).resolve().parents[1]
 SAVED = re.compile(r"kda-fuzz: failure (\d+) saved: (\S+\.json):")
@@ -175,8 +175,8 @@ def test_max_seconds_bounds_the_command_and_saves_every_finding(tmp_path: Path) 
 
 
 def _failure() -> Failure:
-    from kda_fuzz.case import Case
-    from kda_fuzz.verdict import Verdict
+    from kda_fuzz.engine.case import Case
+    from kda_fuzz.engine.verdict import Verdict
 
     case = Case("kda", "triton", {}, {})
     return Failure(case, Verdict("mismatch", "out-value", "wrong"), "t:f")

@@ -23,8 +23,8 @@ from helion.runtime.ref_mode import RefMode
 from triton.language.extra import libdevice
 from triton.language.extra.libdevice import j0, log1p
 
-from kda_fuzz_kernels.kda_decode import _execution
-from kda_fuzz_kernels.kda_decode._execution import ExecutionEnvironmentError, environment_error
+from kda_fuzz.execution import cpu as _execution
+from kda_fuzz.execution.cpu import ExecutionEnvironmentError, environment_error
 from tests.foreign import (
     helion_full_slice,
     helion_scalar_index,

@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kda_fuzz.case import Case
-from kda_fuzz.contracts import get_contract
-from kda_fuzz.oracle import run_case
-from kda_fuzz.runner import default_targets
+from kda_fuzz.campaign.runner import default_targets
+from kda_fuzz.engine.case import Case
+from kda_fuzz.engine.oracle import run_case
+from kda_fuzz.families import get_contract
 
 KDA = get_contract("kda")
 # CPU interpreters are slow: keep valid layouts small there (B*HV*V*K elements).
@@ -84,7 +84,7 @@ def test_kernel_large_batch_and_head_dims_gpu(variant: str, name: str, fn,
     """B = 4096 with K = V = 256: the pool is sized to need and the oracle fits in memory."""
     import torch
 
-    from kda_fuzz.contracts.kda_layouts import KdaLayout, build
+    from kda_fuzz.families.kda.layouts import KdaLayout, build
 
     p = KdaLayout(B=4096, H=1, HV=1, K=256, V=256, spare_slots=3, padding="some",
                   state_dtype=torch.bfloat16, qkv_dtype=torch.bfloat16, seed=5)

@@ -21,6 +21,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
+from kda_fuzz.execution import cpu as _execution
 from kda_fuzz_kernels.gdn_decode import (
     fused_recurrent_gated_delta_rule_packed_decode,
     gdn_packed_decode,
@@ -28,7 +29,6 @@ from kda_fuzz_kernels.gdn_decode import (
     reference_gdn_packed_decode,
     validate_gdn_packed_decode_inputs,
 )
-from kda_fuzz_kernels.kda_decode import _execution
 from tests import gdn_mutants
 
 Kernel = Callable[..., tuple[torch.Tensor, torch.Tensor]]

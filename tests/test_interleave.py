@@ -14,10 +14,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from kda_fuzz.contracts import get_contract
-from kda_fuzz.interleave import CHUNK, MIN_TURN, cycle_of, in_turn_order, schedule
-from kda_fuzz.progress import print_summary
-from kda_fuzz.runner import (
+from kda_fuzz.campaign.interleave import CHUNK, MIN_TURN, cycle_of, in_turn_order, schedule
+from kda_fuzz.campaign.runner import (
     Arm,
     Campaign,
     CampaignOptions,
@@ -31,8 +29,10 @@ from kda_fuzz.runner import (
     load_target,
     plan,
 )
-from kda_fuzz.shard import NOMINAL_SCALE_BUDGET
-from kda_fuzz.verdict import Verdict
+from kda_fuzz.campaign.shard import NOMINAL_SCALE_BUDGET
+from kda_fuzz.engine.verdict import Verdict
+from kda_fuzz.families import get_contract
+from kda_fuzz.report.progress import print_summary
 
 KDA = get_contract("kda")
 BUDGET = 100_000

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from kda_fuzz.contracts import get_contract
-from kda_fuzz.contracts.kda_layouts import KdaLayout, build
-from kda_fuzz.isolate import IsolatedTarget
+from kda_fuzz.families import get_contract
+from kda_fuzz.families.kda.layouts import KdaLayout, build
+from kda_fuzz.workers.isolate import IsolatedTarget
 
 ROOT = Path(__file__).resolve().parents[1]
 KDA = get_contract("kda")
@@ -112,8 +112,8 @@ def test_a_worker_runs_in_the_environment_of_its_caller(monkeypatch) -> None:
 def test_a_still_crashing_corpus_entry_fails_alone(tmp_path: Path) -> None:
     """crash- entries replay isolated (kda-fuzz replay and pytest alike): a target that
     still aborts fails the entry; the replaying process goes on."""
-    from kda_fuzz.corpus import replay_entry
-    from kda_fuzz.runner import load_target
+    from kda_fuzz.campaign.runner import load_target
+    from kda_fuzz.corpus.store import replay_entry
 
     padded = build(KdaLayout(B=2, H=1, HV=1, K=4, V=4, padding="first", seed=1), "triton")
     [(_, outcome)] = replay_entry(KDA, padded, "crash",
@@ -127,7 +127,7 @@ def test_a_still_crashing_corpus_entry_fails_alone(tmp_path: Path) -> None:
 def test_workers_fork_from_the_fork_server_on_linux_only(monkeypatch) -> None:
     import sys
 
-    from kda_fuzz import process
+    from kda_fuzz.workers import process
 
     expected = "forkserver" if sys.platform.startswith("linux") else "spawn"
     assert process.worker_context().get_start_method() == expected

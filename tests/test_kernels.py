@@ -20,8 +20,8 @@ from collections.abc import Callable
 import pytest
 import torch
 
+from kda_fuzz.execution import cpu as _execution
 from kda_fuzz_kernels.kda_decode import (
-    _execution,
     fused_recurrent_kda_packed_decode,
     helion_fused_recurrent_kda_packed_decode,
     kda_packed_decode,

@@ -9,8 +9,9 @@ import torch
 from hypothesis import find, given, settings
 from hypothesis import strategies as st
 
-from kda_fuzz.contracts import get_contract
-from kda_fuzz.contracts.kda_layouts import (
+from kda_fuzz.engine.oracle import expectation
+from kda_fuzz.families import get_contract
+from kda_fuzz.families.kda.layouts import (
     KdaLayout,
     breakages,
     broken_arms,
@@ -19,7 +20,6 @@ from kda_fuzz.contracts.kda_layouts import (
     families,
     layouts,
 )
-from kda_fuzz.oracle import expectation
 
 KDA = get_contract("kda")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kda_fuzz.contracts import get_contract
-from kda_fuzz.runner import Target, campaign
+from kda_fuzz.campaign.runner import Target, campaign
+from kda_fuzz.families import get_contract
 from tests import mutants
 
 KDA = get_contract("kda")

@@ -9,10 +9,10 @@ import torch
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from kda_fuzz.case import Case, TensorArg
-from kda_fuzz.contracts import get_contract
-from kda_fuzz.contracts.kda_layouts import KdaLayout, Values, breakages, build
-from kda_fuzz.oracle import expectation, run_case
+from kda_fuzz.engine.case import Case, TensorArg
+from kda_fuzz.engine.oracle import expectation, run_case
+from kda_fuzz.families import get_contract
+from kda_fuzz.families.kda.layouts import KdaLayout, Values, breakages, build
 from kda_fuzz_kernels.kda_decode import reference_kda_packed_decode
 from tests import mutants
 
@@ -165,7 +165,7 @@ def test_bf16_intermediate_rounding_is_outside_tolerance() -> None:
 
 
 def test_peer_mode_compares_two_implementations() -> None:
-    from kda_fuzz.oracle import run_peers
+    from kda_fuzz.engine.oracle import run_peers
 
     case = build(_layout(K=8, V=4, padding="first", seed=5), "triton")
     same = run_peers(KDA, case, [("ref", reference_kda_packed_decode),
@@ -192,7 +192,8 @@ def test_the_fused_judge_never_reads_outputs_a_target_resized(monkeypatch) -> No
     """On a GPU the fused kernel reads ``out`` and the state through the views handed
     over: a target that resized or moved them sends the case to the torch oracle before
     any launch (a read past them would fault the device: a crash that is not one)."""
-    from kda_fuzz.contracts import kda, packed_fused
+    from kda_fuzz.families.kda import contract as kda
+    from kda_fuzz.families.packed import fused as packed_fused
 
     launched: list[bool] = []
     real = packed_fused.summary
@@ -221,7 +222,7 @@ _CORRUPTIONS = ("none", "read-only", "out-guard", "padding-row", "out-value", "u
 def _corrupt(case: Case, corruption: str, where: int, reference: Any) -> tuple[Any, ...]:
     """Run the correct ``reference`` on a copy of ``case``, then break one rule of the
     judge (``_CORRUPTIONS``; some need a feature the layout may lack and do nothing)."""
-    from kda_fuzz.contracts import kda
+    from kda_fuzz.families.kda import contract as kda
 
     kwargs, bases = case.materialize()
     before = {n: b.clone() for n, b in bases.items()}
@@ -258,7 +259,7 @@ def test_fast_path_agrees_with_the_ordered_diagnosis(layout: Case, corruption: s
                                                      where: int) -> None:
     """The judge's one-sync pass decision holds exactly when the ordered, per-rule
     diagnosis finds nothing (and does not call the case unjudgeable)."""
-    from kda_fuzz.contracts import kda
+    from kda_fuzz.families.kda import contract as kda
 
     case = layout
     kwargs, before, bases, ref_args = _corrupt(case, corruption, where,
@@ -283,7 +284,7 @@ def test_a_result_too_large_for_its_dtype_is_still_judged_on_every_other_rule(
         corruption: str, what: str | None) -> None:
     """Unjudgeable means "not judged numerically": a nonzero padding row or a write to an
     unnamed slot is still a failure when the float64 result overflows the stored dtype."""
-    from kda_fuzz.contracts import kda
+    from kda_fuzz.families.kda import contract as kda
 
     case = build(_layout(spare_slots=3, padding="first", seed=3), "triton")
     kwargs, before, bases, ref_args = _corrupt(case, "none", 0, reference_kda_packed_decode)
@@ -311,7 +312,8 @@ def _fused_vs_torch(case: Case, corruption: str, where: int, reference: Any, fam
     """``packed_fused`` (the GPU's fast path, here in the Triton interpreter) passes a
     case exactly when the torch oracle does, calls it unjudgeable exactly where the torch
     oracle does, and reports the same error budget when it passes."""
-    from kda_fuzz.contracts import kda, packed_fused
+    from kda_fuzz.families.kda import contract as kda
+    from kda_fuzz.families.packed import fused as packed_fused
 
     kwargs, before, bases, ref_args = _corrupt(case, corruption, where, reference)
     masks = kda._masks(case, kwargs, before, bases)
@@ -341,7 +343,8 @@ def _fused_vs_torch(case: Case, corruption: str, where: int, reference: Any, fam
 def test_a_failing_fast_path_falls_back_to_the_torch_oracle(monkeypatch, capsys) -> None:
     """The fused judge's own failure is never a verdict: the fast path says "not decided",
     turns itself off for the process (saying why on stderr), and the torch oracle judges."""
-    from kda_fuzz.contracts import kda, packed_fused
+    from kda_fuzz.families.kda import contract as kda
+    from kda_fuzz.families.packed import fused as packed_fused
 
     def broken(*args: Any, **kw: Any) -> None:
         raise TypeError("failed to specialize argument of type: dict")
@@ -356,7 +359,7 @@ def test_a_failing_fast_path_falls_back_to_the_torch_oracle(monkeypatch, capsys)
     assert kda.judge(case, kwargs, before, bases, (kwargs["out"], kwargs["initial_state"])) \
         is None
     # ... and the campaign's summary says so
-    from kda_fuzz.runner import campaign, load_target
+    from kda_fuzz.campaign.runner import campaign, load_target
 
     report = campaign(KDA, "triton", [load_target(
         "kda_fuzz_kernels.kda_decode:reference_kda_packed_decode")], max_examples=4, seed=1,
@@ -371,7 +374,7 @@ def test_a_failing_fast_path_falls_back_to_the_torch_oracle(monkeypatch, capsys)
 def test_fused_judge_agrees_with_the_torch_oracle(layout: Case, corruption: str,
                                                   where: int) -> None:
     """KDA (one gate per key, lower_bound or softplus)."""
-    from kda_fuzz.contracts import kda
+    from kda_fuzz.families.kda import contract as kda
 
     _fused_vs_torch(layout, corruption, where, reference_kda_packed_decode, kda.reference64,
                     kda.KDA_FUSED)
@@ -383,7 +386,7 @@ def test_fused_judge_agrees_with_the_torch_oracle(layout: Case, corruption: str,
 def test_fused_judge_agrees_with_the_torch_oracle_on_gdn(layout: Case, corruption: str,
                                                          where: int) -> None:
     """GDN (one gate per value head)."""
-    from kda_fuzz.contracts import gdn
+    from kda_fuzz.families.gdn import contract as gdn
     from kda_fuzz_kernels.gdn_decode import reference_gdn_packed_decode
 
     _fused_vs_torch(layout, corruption, where, reference_gdn_packed_decode, gdn.reference64,
@@ -395,7 +398,8 @@ def test_fused_judge_agrees_with_the_torch_oracle_on_gdn(layout: Case, corruptio
 def test_fused_judge_agrees_with_the_torch_oracle_gpu(family: str, kda_device_name: str
                                                       ) -> None:
     """The same on the GPU, compiled, with GPU-sized layouts (B up to 4096)."""
-    from kda_fuzz.contracts import gdn, kda
+    from kda_fuzz.families.gdn import contract as gdn
+    from kda_fuzz.families.kda import contract as kda
     from kda_fuzz_kernels.gdn_decode import reference_gdn_packed_decode
 
     contract = get_contract(family)
@@ -435,8 +439,8 @@ def test_documented_contract_gaps_are_not_failures_unless_strict() -> None:
     """A target that follows the documented checks only returns on HV = 0 and changes
     nothing: a validation gap of the contract by default, a failure under --strict; one
     that writes on such a layout, or raises another type, fails either way."""
-    from kda_fuzz.contracts.kda_layouts import KdaLayout, build
-    from kda_fuzz.runner import Target, campaign
+    from kda_fuzz.campaign.runner import Target, campaign
+    from kda_fuzz.families.kda.layouts import KdaLayout, build
     from tests import mutants
 
     hv0 = build(KdaLayout(B=2, H=1, HV=0, K=4, V=4, seed=1), "helion")
@@ -466,7 +470,7 @@ def test_documented_contract_gaps_are_not_failures_unless_strict() -> None:
 
 
 def test_message_class_policy_counts_wording_and_judges_the_rest() -> None:
-    from kda_fuzz.runner import Target, campaign
+    from kda_fuzz.campaign.runner import Target, campaign
     from tests import mutants
 
     typo = [Target("typo", mutants.typo_check_20)]

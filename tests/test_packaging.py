@@ -37,7 +37,7 @@ def test_an_uninstalled_checkout_maps_the_name_onto_its_folder() -> None:
 
 
 def test_the_old_name_gets_a_hint(tmp_path: Path) -> None:
-    code = ("from kda_fuzz.runner import TargetError, load_target\n"
+    code = ("from kda_fuzz.campaign.runner import TargetError, load_target\n"
             "try:\n"
             "    load_target('kernels.kda_decode:reference_kda_packed_decode')\n"
             "except TargetError as e:\n"

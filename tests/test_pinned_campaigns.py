@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from kda_fuzz.contracts import get_contract
-from kda_fuzz.contracts.pins import PinError, parse_layout, restrictions
-from kda_fuzz.runner import plan
+from kda_fuzz.campaign.runner import plan
+from kda_fuzz.families import get_contract
+from kda_fuzz.families.packed.pins import PinError, parse_layout, restrictions
 
 ROOT = Path(__file__).resolve().parents[1]
 KDA = get_contract("kda")

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from kda_fuzz.config import ConfigError, choose_targets, load_config, origin_mismatch
-from kda_fuzz.contracts.kda_layouts import KdaLayout, Values, build
-from kda_fuzz.corpus import save_case
+from kda_fuzz.corpus.store import save_case
+from kda_fuzz.families.kda.layouts import KdaLayout, Values, build
 
 pytest_plugins = ["pytester"]
 
@@ -183,7 +183,7 @@ def test_no_table_means_not_opted_in_and_bad_tables_are_errors(tmp_path: Path) -
 def test_a_hanging_target_fails_its_timeout_item_within_the_users_timeout(
         pytester: pytest.Pytester) -> None:
     """timeout- items run in a worker; ``--kda-corpus-timeout`` is how long it may run."""
-    from kda_fuzz.verdict import Verdict
+    from kda_fuzz.engine.verdict import Verdict
 
     _project(pytester, "[tool.kda-fuzz]\n[tool.kda-fuzz.targets.kda]\n"
                        "triton = ['slowkernel:hangs']\n")

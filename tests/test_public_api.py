@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kda_fuzz
-from kda_fuzz.contracts import get_contract
-from kda_fuzz.oracle import expectation
+from kda_fuzz.engine.oracle import expectation
+from kda_fuzz.families import get_contract
 from kda_fuzz.strategies import breakages, broken_layouts, valid_layouts
 from kda_fuzz_kernels.kda_decode import reference_kda_packed_decode
 from tests import mutants
@@ -186,8 +186,7 @@ def test_user_guide_example_from_outside_the_package(tmp_path):
 CHECKED_KERNEL = '''
 import torch
 
-from kda_fuzz_kernels.kda_decode import (reference_kda_packed_decode,
-                                         validate_packed_decode_inputs)
+from kda_fuzz_kernels.kda_decode import reference_kda_packed_decode, validate_packed_decode_inputs
 
 
 def decode(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, ssm_state_indices,

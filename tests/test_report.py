@@ -15,16 +15,16 @@ from typing import Any
 
 import pytest
 
-from kda_fuzz.case import Case
+from kda_fuzz.campaign.runner import Failure, Report
 from kda_fuzz.cli import main as cli_main
-from kda_fuzz.contracts import get_contract
-from kda_fuzz.contracts.kda import judge, layout_summary
-from kda_fuzz.contracts.kda_layouts import KdaLayout, Values, build
-from kda_fuzz.html_report import write_report
-from kda_fuzz.oracle import run_case
-from kda_fuzz.progress import Progress, check_counts, print_summary
-from kda_fuzz.runner import Failure, Report
-from kda_fuzz.verdict import Verdict
+from kda_fuzz.engine.case import Case
+from kda_fuzz.engine.oracle import run_case
+from kda_fuzz.engine.verdict import Verdict
+from kda_fuzz.families import get_contract
+from kda_fuzz.families.kda.contract import judge, layout_summary
+from kda_fuzz.families.kda.layouts import KdaLayout, Values, build
+from kda_fuzz.report.html import write_report
+from kda_fuzz.report.progress import Progress, check_counts, print_summary
 from kda_fuzz_kernels.kda_decode import reference_kda_packed_decode
 
 KDA = get_contract("kda")
@@ -232,7 +232,7 @@ def test_chromium_renders_the_report(tmp_path: Path) -> None:
 def test_verified_rows_leave_out_unjudged_cases_and_are_split_by_stratum() -> None:
     """``valid_rows`` counts the rows of valid cases that were judged (a result too large
     for its dtype is not), per stratum too (``stratum_rows``), through a job's counters."""
-    from kda_fuzz.oracle import Outcome, expectation
+    from kda_fuzz.engine.oracle import Outcome, expectation
 
     case = build(KdaLayout(B=5, H=1, HV=2, K=4, V=4, padding="first", seed=1), "triton")
     exp = expectation(KDA, case)
@@ -253,7 +253,7 @@ def test_verified_rows_leave_out_unjudged_cases_and_are_split_by_stratum() -> No
 def test_the_time_line_gives_strata_compiles_and_start_up() -> None:
     from types import SimpleNamespace
 
-    from kda_fuzz.progress import time_shares
+    from kda_fuzz.report.progress import time_shares
 
     report = SimpleNamespace(stratum_seconds={"valid": 30.0, "scale": 10.0},
                              compiling_seconds=4.0, startup_seconds=6.25)

@@ -11,8 +11,10 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 
-from kda_fuzz.contracts import get_contract
-from kda_fuzz.contracts.kda_scale import (
+from kda_fuzz.campaign.runner import default_targets, plan
+from kda_fuzz.engine.oracle import expectation, run_case
+from kda_fuzz.families import get_contract
+from kda_fuzz.families.kda.scale import (
     GRID_YZ,
     INT32,
     KINDS,
@@ -26,8 +28,6 @@ from kda_fuzz.contracts.kda_scale import (
     sample_rows,
     scale_layouts,
 )
-from kda_fuzz.oracle import expectation, run_case
-from kda_fuzz.runner import default_targets, plan
 
 KDA = get_contract("kda")
 GiB = 1 << 30
@@ -278,7 +278,7 @@ def test_project_kernels_pass_scale_cases(variant: str, case_name: str,
 
 def _run_scale_draws(build, n: int = 3) -> list[object]:
     """Draw ``n`` scale cases with ``build_scale`` replaced by ``build``."""
-    import kda_fuzz.contracts.kda_scale as scale
+    import kda_fuzz.families.kda.scale as scale
 
     seen: list[object] = []
     real = scale.build_scale
@@ -321,7 +321,7 @@ def test_out_of_memory_everywhere_draws_no_case(monkeypatch: pytest.MonkeyPatch)
     """When not even the cheapest case fits, the draw is rejected (Hypothesis draws again)."""
     from hypothesis.errors import UnsatisfiedAssumption
 
-    import kda_fuzz.contracts.kda_scale as scale
+    import kda_fuzz.families.kda.scale as scale
 
     def build(s: ScaleLayout, variant: str, device: str):
         raise torch.OutOfMemoryError("pretend nothing fits")
@@ -337,7 +337,7 @@ def test_scale_cases_stay_within_a_jobs_share_of_the_device(variant: str,
                                                            kda_device_name: str) -> None:
     """Drawn at the default budget of one of 8 jobs, building, running and judging a scale
     case never takes more device memory than that budget: 8 jobs never exhaust the GPU."""
-    from kda_fuzz.contracts.kda_scale import device_budget, scale_cases
+    from kda_fuzz.families.kda.scale import device_budget, scale_cases
 
     budget = device_budget(kda_device_name, jobs=8)
     strategy = scale_cases(variant, kda_device_name, budget)
@@ -368,8 +368,8 @@ def test_scale_cases_stay_within_a_jobs_share_of_the_device(variant: str,
 def test_a_campaign_reports_the_largest_scale_sizes_and_the_strata_time() -> None:
     """The summary's figures: the largest B, B*HV, pool and mixed_qkv reach the stratum
     ran, and the time each stratum took (so its share of the campaign can be read)."""
+    from kda_fuzz.campaign.runner import campaign, load_target
     from kda_fuzz.cli import _scale_figures
-    from kda_fuzz.runner import campaign, load_target
 
     target = load_target(KDA.reference_target)  # vectorised: the interpreter would crawl
     r = campaign(KDA, "triton", [target], device="cpu", max_examples=30, seed=1,

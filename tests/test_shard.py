@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from kda_fuzz.contracts import get_contract
-from kda_fuzz.interleave import cycle_of
-from kda_fuzz.runner import Campaign, CampaignOptions, Target, fingerprint, plan, share_of
-from kda_fuzz.shard import Shard, assign, examples_of, parse_shard, positions
+from kda_fuzz.campaign.interleave import cycle_of
+from kda_fuzz.campaign.runner import Campaign, CampaignOptions, Target, fingerprint, plan, share_of
+from kda_fuzz.campaign.shard import Shard, assign, examples_of, parse_shard, positions
+from kda_fuzz.families import get_contract
 
 KDA = get_contract("kda")
 ROOT = Path(__file__).resolve().parents[1]

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import math
 
-from kda_fuzz.contracts import get_contract
-from kda_fuzz.contracts.kda_layouts import KdaLayout, Values, build
-from kda_fuzz.minimize import minimize_with_verdict
-from kda_fuzz.oracle import run_case
+from kda_fuzz.campaign.minimize import minimize_with_verdict
+from kda_fuzz.engine.oracle import run_case
+from kda_fuzz.families import get_contract
+from kda_fuzz.families.kda.layouts import KdaLayout, Values, build
 from tests import planted
 
 KDA = get_contract("kda")

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import torch
 
-from kda_fuzz import corpus
-from kda_fuzz.contracts import get_contract
-from kda_fuzz.contracts.kda_layouts import KdaLayout, build
-from kda_fuzz.corpus import load_case, save_failure
-from kda_fuzz.minimize import minimize_with_verdict
-from kda_fuzz.oracle import run_case
-from kda_fuzz.runner import Failure
+from kda_fuzz.campaign.minimize import minimize_with_verdict
+from kda_fuzz.campaign.runner import Failure
+from kda_fuzz.corpus import store as corpus
+from kda_fuzz.corpus.store import load_case, save_failure
+from kda_fuzz.engine.oracle import run_case
+from kda_fuzz.families import get_contract
+from kda_fuzz.families.kda.layouts import KdaLayout, build
 from kda_fuzz_kernels.kda_decode import reference_kda_packed_decode
 from tests import planted
 
@@ -88,8 +88,8 @@ def test_runs_round_trip_bit_exact_and_bad_runs_are_rejected() -> None:
     to another size, is a bad file."""
     import json
 
-    from kda_fuzz.case import TensorArg
-    from kda_fuzz.corpus import _decode_tensor, _encode_tensor, encoded_base_size
+    from kda_fuzz.corpus.store import _decode_tensor, _encode_tensor, encoded_base_size
+    from kda_fuzz.engine.case import TensorArg
 
     for dtype in (torch.float32, torch.bfloat16, torch.int32, torch.bool):
         base = torch.zeros(40_000, dtype=dtype)

@@ -6,9 +6,9 @@ import multiprocessing as mp
 import threading
 import time
 
-from kda_fuzz.contracts import get_contract
-from kda_fuzz.parallel import Supervisor
-from kda_fuzz.runner import CampaignOptions, Target, campaign, deal, load_target, plan
+from kda_fuzz.campaign.runner import CampaignOptions, Target, campaign, deal, load_target, plan
+from kda_fuzz.campaign.supervisor import Supervisor
+from kda_fuzz.families import get_contract
 
 KDA = get_contract("kda")
 REFERENCE = "kda_fuzz_kernels.kda_decode:reference_kda_packed_decode"
@@ -145,9 +145,9 @@ def test_an_asynchronous_device_fault_is_the_targets_crash(monkeypatch) -> None:
     import pytest
     import torch
 
-    from kda_fuzz import oracle
-    from kda_fuzz.contracts.kda_layouts import KdaLayout, build
-    from kda_fuzz.parallel import CALLING, FAULTED, STATE, _DeviceFault, _SharedRecorder
+    from kda_fuzz.campaign.supervisor import CALLING, FAULTED, STATE, _DeviceFault, _SharedRecorder
+    from kda_fuzz.engine import oracle
+    from kda_fuzz.families.kda.layouts import KdaLayout, build
 
     case = build(KdaLayout(B=2, H=1, HV=1, K=4, V=4, seed=0), "triton")
     target = load_target(REFERENCE).fn
@@ -181,7 +181,7 @@ def test_a_time_bounded_campaign_does_not_rerun_an_arms_simplest_case() -> None:
     Hypothesis run, and every run starts with the arm's simplest case: later rounds skip
     it, so an arm of one or two examples per round draws new cases (it ran the same case
     round after round: 2,036 distinct of 5,905 examples in 20 s)."""
-    from kda_fuzz.runner import Campaign
+    from kda_fuzz.campaign.runner import Campaign
 
     drawn: dict[int, list[str]] = {}
 
@@ -207,7 +207,7 @@ def test_the_scale_stratum_takes_at_most_its_time_share_of_a_time_bounded_campai
     of the job's time; it still runs in the first round and keeps its share after."""
     from hypothesis import strategies as st
 
-    from kda_fuzz.runner import SCALE_TIME_SHARE, Arm, Campaign, _Stopped
+    from kda_fuzz.campaign.runner import SCALE_TIME_SHARE, Arm, Campaign, _Stopped
 
     arms = [Arm("valid:family0", st.none(), 1000), Arm("broken:mix", st.none(), 500),
             Arm("scale", st.none(), 40, time_share=SCALE_TIME_SHARE)]
@@ -238,7 +238,7 @@ def test_the_scale_stratum_takes_at_most_its_time_share_of_a_time_bounded_campai
     alone._run_rounds(arms[2:], 40, c._deadline)
     assert [r for r, _ in ran] == list(range(100))
     # the cap is a tenth of the time, or the scale share asked for if larger
-    from kda_fuzz.runner import _scale_arms
+    from kda_fuzz.campaign.runner import _scale_arms
 
     def share_of(share: float) -> float | None:
         arms = _scale_arms(KDA, "triton", 1000, "cpu", share, 1 << 30, 1)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from kda_fuzz.contracts.kda_layouts import KdaLayout, build
-from kda_fuzz.steering import MIN_SHARE, Steering, describe_feature, features
-from kda_fuzz.timeouts import FLOOR, Calibration, describe, merged, size_class, store_size
+from kda_fuzz.campaign.steering import MIN_SHARE, Steering, describe_feature, features
+from kda_fuzz.campaign.timeouts import FLOOR, Calibration, describe, merged, size_class, store_size
+from kda_fuzz.families.kda.layouts import KdaLayout, build
 
 
 def _case(B: int = 2, K: int = 4, seed: int = 0):

@@ -8,10 +8,11 @@ from typing import Any
 import pytest
 import torch
 
-from kda_fuzz.case import Case
-from kda_fuzz.contracts import gdn_layouts, get_contract
-from kda_fuzz.contracts.kda_layouts import KdaLayout, Values
-from kda_fuzz.oracle import run_case
+from kda_fuzz.engine.case import Case
+from kda_fuzz.engine.oracle import run_case
+from kda_fuzz.families import get_contract
+from kda_fuzz.families.gdn import layouts as gdn_layouts
+from kda_fuzz.families.kda.layouts import KdaLayout, Values
 from tests import gdn_mutants
 
 GDN = get_contract("gdn")
@@ -72,8 +73,8 @@ def test_beta_rounded_past_b_dtype_is_still_a_failure() -> None:
 def test_the_fused_judge_admits_the_same(case_of: Any) -> None:
     """``packed_fused`` (the GPU judge, here in the Triton interpreter) keeps the policy of
     the torch bounds: no element out of bound on either case, and the same ratio."""
-    from kda_fuzz.contracts import gdn
-    from kda_fuzz.contracts import packed_fused as pf
+    from kda_fuzz.families.gdn import contract as gdn
+    from kda_fuzz.families.packed import fused as pf
 
     case = case_of(0)
     target = (gdn_mutants.scale_in_products if case_of is _tiny_scale_case

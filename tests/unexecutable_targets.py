@@ -3,8 +3,8 @@ the machinery would: ``ExecutionEnvironmentError``), correct wherever they run."
 
 from __future__ import annotations
 
+from kda_fuzz.execution.cpu import ExecutionEnvironmentError
 from kda_fuzz_kernels.kda_decode import reference_kda_packed_decode
-from kda_fuzz_kernels.kda_decode._execution import ExecutionEnvironmentError
 
 
 def gap_at_one_head(*args):

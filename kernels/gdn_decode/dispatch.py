@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from .helion_kernel import helion_fused_recurrent_gated_delta_rule_packed_decode
-from .triton_kernel import fused_recurrent_gated_delta_rule_packed_decode
-from .validate import _is_pow2
+from kda_fuzz_kernels.gdn_decode.helion_kernel import (
+    helion_fused_recurrent_gated_delta_rule_packed_decode,
+)
+from kda_fuzz_kernels.gdn_decode.triton_kernel import fused_recurrent_gated_delta_rule_packed_decode
+from kda_fuzz_kernels.gdn_decode.validate import _is_pow2
 
 
 def gdn_packed_decode(

@@ -13,8 +13,8 @@ import helion.language as hl
 import torch
 from helion.runtime.ref_mode import RefMode
 
-from ..kda_decode._execution import cpu_mode, run_helion, stage_bf16_outputs, uses_interpreter
-from .validate import validate_gdn_packed_decode_inputs
+from kda_fuzz.execution.cpu import cpu_mode, run_helion, stage_bf16_outputs, uses_interpreter
+from kda_fuzz_kernels.gdn_decode.validate import validate_gdn_packed_decode_inputs
 
 
 def _gdn_packed_decode(
@@ -67,7 +67,7 @@ def _gdn_packed_decode(
 
 
 # ref_mode explicit: HELION_INTERPRET / TRITON_INTERPRET in the environment never change
-# this kernel; how it runs on CPU is chosen by kda_fuzz_kernels.kda_decode._execution.
+# this kernel; how it runs on CPU is chosen by kda_fuzz.execution.cpu.
 _SETTINGS = dict(static_shapes=True, config=helion.Config(num_warps=2, num_stages=1),
                  ref_mode=RefMode.OFF)
 gdn_packed_decode_kernel = helion.kernel(**_SETTINGS)(_gdn_packed_decode)

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import torch
 
-from ..kda_decode.reference import (
+from kda_fuzz_kernels.gdn_decode.validate import validate_gdn_packed_decode_inputs
+from kda_fuzz_kernels.kda_decode.reference import (
     SOFTPLUS_THRESHOLD,
     delta_rule,
     packed_rows,
     stored_state,
     write_back,
 )
-from .validate import validate_gdn_packed_decode_inputs
 
 
 def gdn_decode_terms(

@@ -13,7 +13,7 @@ from typing import Literal
 
 import torch
 
-from ..kda_decode.validate import _is_pow2, validate_packed_layout
+from kda_fuzz_kernels.kda_decode.validate import _is_pow2, validate_packed_layout
 
 Variant = Literal["helion", "triton"]
 

@@ -9,12 +9,12 @@ it, third-party Triton kernels imported later do).
 from importlib import import_module
 from typing import Any
 
-from ._execution import CPU_MODES, configure_cpu, cpu_mode
+from kda_fuzz.execution.cpu import CPU_MODES, configure_cpu, cpu_mode
 
 configure_cpu()
 
-from .reference import reference_kda_packed_decode  # noqa: E402
-from .validate import validate_packed_decode_inputs  # noqa: E402
+from kda_fuzz_kernels.kda_decode.reference import reference_kda_packed_decode  # noqa: E402
+from kda_fuzz_kernels.kda_decode.validate import validate_packed_decode_inputs  # noqa: E402
 
 # The kernels import triton and helion (seconds); they load on first use, so that the
 # reference and the validator (what the fuzzer's oracle needs) stay cheap to import.

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from .helion_kernel import helion_fused_recurrent_kda_packed_decode
-from .triton_kernel import fused_recurrent_kda_packed_decode
-from .validate import _is_pow2
+from kda_fuzz_kernels.kda_decode.helion_kernel import helion_fused_recurrent_kda_packed_decode
+from kda_fuzz_kernels.kda_decode.triton_kernel import fused_recurrent_kda_packed_decode
+from kda_fuzz_kernels.kda_decode.validate import _is_pow2
 
 
 def kda_packed_decode(

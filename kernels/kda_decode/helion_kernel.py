@@ -13,8 +13,8 @@ import helion.language as hl
 import torch
 from helion.runtime.ref_mode import RefMode
 
-from ._execution import cpu_mode, run_helion, stage_bf16_outputs, uses_interpreter
-from .validate import validate_packed_decode_inputs
+from kda_fuzz.execution.cpu import cpu_mode, run_helion, stage_bf16_outputs, uses_interpreter
+from kda_fuzz_kernels.kda_decode.validate import validate_packed_decode_inputs
 
 
 def _kda_packed_decode(

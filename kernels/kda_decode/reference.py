@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .validate import validate_packed_decode_inputs
+from kda_fuzz_kernels.kda_decode.validate import validate_packed_decode_inputs
 
 SOFTPLUS_THRESHOLD = 20.0
 L2NORM_EPS = 1e-6

@@ -12,8 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._execution import launch_triton, stage_bf16_outputs, uses_interpreter
-from .validate import validate_packed_decode_inputs
+from kda_fuzz.execution.cpu import launch_triton, stage_bf16_outputs, uses_interpreter
+from kda_fuzz_kernels.kda_decode.validate import validate_packed_decode_inputs
 
 
 @triton.jit

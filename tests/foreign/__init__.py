@@ -2,5 +2,5 @@
 
 Written from the spec in the idioms real kernels use and the project's own kernels
 avoid (scalar slot index, ``hl.arange`` offsets, whole-K slices), to check that the CPU
-execution paths in ``kda_fuzz_kernels.kda_decode._execution`` run foreign kernels too.
+execution paths in ``kda_fuzz.execution.cpu`` run foreign kernels too.
 """

@@ -1,0 +1,253 @@
+"""Findings saved as they are confirmed: each new distinct failure is minimized and written
+into the corpus while the campaign goes on, and announced with its file.
+
+Minimization runs in background threads (each failure's candidates judged in an isolated
+worker) or, for an in-process campaign, right where the failure is found. ``cut`` (an
+interrupt, the ``--max-seconds`` deadline) ends every minimization in progress at once
+(its worker killed) and the rest are not started: those failures are saved as found,
+marked so in the file and in the summary.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kda_fuzz.campaign.channel import ExitReason, Stop
+from kda_fuzz.campaign.minimize import minimize_with_verdict
+from kda_fuzz.campaign.runner import Failure, Target, minimizable
+from kda_fuzz.corpus.store import CaseTooLarge, save_failure
+from kda_fuzz.engine.contract import Contract
+from kda_fuzz.engine.oracle import Outcome, run_case
+from kda_fuzz.workers.isolate import IsolatedTarget
+
+SAVE_MARGIN = 1.0  # seconds before the deadline at which minimization stops
+
+
+class _Cut(BaseException):
+    """Ends a minimization at once (not an ``Exception``: the minimizer lets it through)."""
+
+
+def _why(stop: Stop) -> str:
+    if stop.reason is ExitReason.DEADLINE:
+        return "minimization cut short by the --max-seconds deadline"
+    if stop.reason in (ExitReason.INTERRUPTED, ExitReason.TERMINATED):
+        return f"minimization cut short: {stop}"
+    return f"minimization cut short ({stop})"
+
+
+class FindingSaver:
+    """Minimizes and saves each new distinct failure it is given (``found``), as it comes.
+
+    ``corpus`` ``None``: minimized, not saved. ``deadline`` (``time.monotonic()``): no
+    minimization runs past it. ``skip``: signatures of failures handled elsewhere (replayed
+    from an example database): neither minimized nor saved here. ``on_found(f)`` and
+    ``on_saved(f)`` are told of each failure when it arrives and when it is settled (its
+    ``saved`` path, or its ``note`` saying why it has none)."""
+
+    def __init__(self, contract: Contract, corpus: str | None, *, seed: int | None,
+                 device: str = "cpu", timeout: float = 60.0, shrink_seconds: float = 30.0,
+                 messages: str = "exact", strict: bool = False, workers: int = 1,
+                 deadline: float | None = None,
+                 skip: frozenset[tuple[Any, ...]] = frozenset(),
+                 on_found: Callable[[Failure], None] | None = None,
+                 on_saved: Callable[[Failure], None] | None = None,
+                 reproduce: Callable[[Failure], str] | None = None) -> None:
+        self.contract, self.corpus, self.seed = contract, corpus, seed
+        self.device, self.timeout, self.shrink_seconds = device, timeout, shrink_seconds
+        self.judging = {"messages": messages, "strict": strict}
+        self.deadline, self.skip = deadline, skip
+        self.on_found, self.on_saved, self.reproduce = on_found, on_saved, reproduce
+        self.stopped: Stop | None = None  # set by ``cut``
+        self.settled: list[Failure] = []  # in the order they were settled
+        self.too_large: list[Failure] = []
+        self._lock = threading.Lock()
+        self._live: set[IsolatedTarget] = set()
+        self._todo: queue.Queue[Failure | None] = queue.Queue()
+        self._pending = 0
+        self._idle = threading.Condition(self._lock)
+        self._timer: threading.Timer | None = None
+        self._threads = [threading.Thread(target=self._work, name=f"kda-fuzz-minimize-{i}",
+                                          daemon=True) for i in range(max(1, workers))]
+        self._started = False
+
+    # ------------------------------------------------------------------ feeding
+
+    def found(self, failure: Failure) -> None:
+        """A new distinct failure (from a supervisor): minimized and saved in the background."""
+        if self._skipped(failure):
+            return
+        if self.on_found is not None:
+            self.on_found(failure)
+        self._start()
+        with self._lock:
+            self._pending += 1
+        self._todo.put(failure)
+
+    def found_inline(self, failure: Failure, target: Target | None) -> None:
+        """A new distinct failure of an in-process campaign: minimized here, in this
+        thread, with ``target`` called directly (``None``: not minimized), then saved."""
+        if self._skipped(failure):
+            return
+        if self.on_found is not None:
+            self.on_found(failure)
+        if target is not None and minimizable(failure.verdict):
+            def run(case: Any) -> Outcome:
+                self._check()
+                return run_case(self.contract, case, target.fn, **self.judging)  # type: ignore[arg-type]
+
+            self._minimize(failure, run)
+        self._settle(failure)
+
+    def _skipped(self, failure: Failure) -> bool:
+        return failure.signature in self.skip
+
+    # ------------------------------------------------------------------ stopping
+
+    def request(self, stop: Stop) -> None:
+        """Ask every minimization to end (safe in a signal handler: only a flag is set;
+        ``finish`` kills the workers still judging a candidate)."""
+        self.stopped = self.stopped or stop
+
+    def cut(self, stop: Stop) -> None:
+        """End every minimization now (from any thread, not a signal handler): failures
+        not yet minimized are saved as found."""
+        self.request(stop)
+        with self._lock:
+            live = list(self._live)
+        for iso in live:
+            _kill(iso)
+
+    def finish(self) -> None:
+        """Wait until every failure given is settled (minimizations end by the deadline)."""
+        if self.deadline is not None and self._timer is None and self._started:
+            wait = max(0.0, self.deadline - SAVE_MARGIN / 2 - time.monotonic())
+            self._timer = threading.Timer(wait, self.cut, (Stop(ExitReason.DEADLINE),))
+            self._timer.daemon = True
+            self._timer.start()
+        with self._idle:
+            while self._pending:
+                if self.stopped is not None and self._live:
+                    for iso in list(self._live):
+                        _kill(iso)
+                self._idle.wait(0.1)
+        if self._timer is not None:
+            self._timer.cancel()
+        for _ in self._threads if self._started else ():
+            self._todo.put(None)
+
+    # ------------------------------------------------------------------ work
+
+    def _start(self) -> None:
+        if not self._started:
+            self._started = True
+            for t in self._threads:
+                t.start()
+
+    def _work(self) -> None:
+        while True:
+            f = self._todo.get()
+            if f is None:
+                return
+            try:
+                self._isolated(f)
+                self._settle(f)
+            except BaseException as e:  # never lose the failure to our own error
+                f.note = (f.note + "; " if f.note else "") + f"not minimized: {e!r}"
+                self._settle(f)
+            finally:
+                with self._idle:
+                    self._pending -= 1
+                    self._idle.notify_all()
+
+    def _isolated(self, f: Failure) -> None:
+        if not (minimizable(f.verdict) or f.verdict.kind == "crash") or " vs " in f.target \
+                or f.verdict.kind in ("timeout", "flaky"):
+            return
+        if self._out_of_time():
+            return
+        with IsolatedTarget(self.contract, f.target, timeout=self.timeout, device=self.device,
+                            **self.judging) as iso:  # type: ignore[arg-type]
+            with self._lock:
+                if self.stopped is not None:
+                    return
+                self._live.add(iso)
+            try:
+                def run(case: Any) -> Outcome:
+                    self._check()
+                    outcome = iso.run(case)
+                    self._check()  # a worker killed by ``cut`` is no crash of the target
+                    return outcome
+
+                self._minimize(f, run)
+            finally:
+                with self._lock:
+                    self._live.discard(iso)
+
+    def _minimize(self, f: Failure, run: Callable[[Any], Outcome]) -> None:
+        if self._out_of_time():
+            return
+        seconds = self.shrink_seconds
+        if self.deadline is not None:
+            seconds = min(seconds, self.deadline - SAVE_MARGIN - time.monotonic())
+        end = time.monotonic() + seconds
+        try:
+            case, verdict = minimize_with_verdict(self.contract, f.case, None,  # type: ignore[arg-type]
+                                                  f.verdict, run=run, seconds=seconds)
+        except _Cut:
+            return
+        f.original, f.case, f.verdict = f.case, case, verdict
+        if seconds < self.shrink_seconds and time.monotonic() >= end:
+            f.note = (f.note + "; " if f.note else "") + (
+                "partly minimized: minimization cut short by the --max-seconds deadline")
+
+    def _out_of_time(self) -> bool:
+        if self.stopped is None and self.deadline is not None \
+                and time.monotonic() > self.deadline - SAVE_MARGIN:
+            with self._lock:
+                self.stopped = self.stopped or Stop(ExitReason.DEADLINE)
+        return self.stopped is not None
+
+    def _check(self) -> None:
+        if self.stopped is not None:
+            raise _Cut
+
+    def _settle(self, f: Failure) -> None:
+        """Save ``f`` (marked when it was to be minimized but was not) and announce it."""
+        cut = f.original is None and self.stopped is not None and _wants_minimizing(f)
+        if cut:
+            assert self.stopped is not None
+            f.note = (f.note + "; " if f.note else "") + f"not minimized: {_why(self.stopped)}"
+        if self.corpus is not None:
+            try:
+                f.saved = str(save_failure(f, self.corpus, contract=self.contract,
+                                           seed=self.seed,
+                                           unminimized=_why(self.stopped) if cut and
+                                           self.stopped else ""))
+                if self.reproduce is not None:
+                    f.reproduce = self.reproduce(f)
+            except CaseTooLarge as e:
+                f.note = (f.note + "; " if f.note else "") + str(e)
+                self.too_large.append(f)
+        with self._lock:
+            self.settled.append(f)
+        if self.on_saved is not None:
+            self.on_saved(f)
+
+
+def _wants_minimizing(f: Failure) -> bool:
+    return (minimizable(f.verdict) or f.verdict.kind == "crash") and " vs " not in f.target \
+        and f.verdict.kind not in ("timeout", "flaky")
+
+
+def _kill(iso: IsolatedTarget) -> None:
+    """Kill ``iso``'s worker now: its ``run`` in another thread returns at once."""
+    proc = getattr(iso, "_proc", None)
+    if proc is not None and proc.is_alive():
+        proc.kill()
+
+
+__all__ = ["SAVE_MARGIN", "FindingSaver"]

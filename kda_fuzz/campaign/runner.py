@@ -1,0 +1,905 @@
+"""Fuzz campaigns: Hypothesis drives valid and broken cases through the oracles."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from hypothesis import HealthCheck, Phase, given, reject, settings
+from hypothesis import seed as hypothesis_seed
+from hypothesis import strategies as st
+
+from kda_fuzz.campaign.channel import ExitReason, Stop
+from kda_fuzz.campaign.interleave import arm_before, cycle_of, in_turn_order, schedule
+from kda_fuzz.campaign.shard import NOMINAL_SCALE_BUDGET, Shard, describe, shard_arms
+from kda_fuzz.campaign.steering import Steering, describe_feature
+from kda_fuzz.engine.case import Case, fingerprint
+from kda_fuzz.engine.contract import Contract
+from kda_fuzz.engine.oracle import (
+    EnvironmentFailure,
+    Messages,
+    Outcome,
+    expectation,
+    run_case,
+    run_peers,
+)
+from kda_fuzz.engine.targets import (
+    Target,
+    TargetError,
+    check_signature,
+    default_targets,
+    load_target,
+)
+from kda_fuzz.engine.verdict import Verdict
+from kda_fuzz.execution import compiles
+
+# Loading targets lives in kda_fuzz.engine.targets; the names stay importable from here.
+__all__ = ["Arm", "Campaign", "CampaignOptions", "Failure", "Recorder", "Report", "Target",
+           "TargetError", "campaign", "check_signature", "deal", "default_targets",
+           "fingerprint", "load_target", "minimizable", "plan"]
+
+
+@dataclass
+class Failure:
+    """One distinct failure: the first case that showed it (minimized when possible) and
+    how many examples showed it (``count``, repeats included)."""
+
+    case: Case
+    verdict: Verdict
+    target: str
+    saved: str | None = None
+    original: Case | None = None
+    count: int = 1
+    note: str = ""
+    reproduce: str = ""  # the command that replays the saved file as the campaign ran it
+    # time to this finding: seconds from the campaign's start, and the example (counted from
+    # 1, over all jobs) that first showed it; None for a failure not found by this campaign
+    found_seconds: float | None = None
+    found_example: int | None = None
+
+    @property
+    def signature(self) -> tuple[Any, ...]:
+        """The target and the verdict's :meth:`Verdict.signature` on this case's variant."""
+        return (self.target, *self.verdict.signature(self.case.variant))
+
+
+WORDING_SAMPLES = 5
+CAUSES = 5  # distinct causes of examples not executable, kept with their counts
+
+
+@dataclass
+class Report:
+    """Counts and findings of one campaign."""
+
+    contract: str
+    variant: str
+    targets: list[str]
+    examples: int = 0
+    rows: int = 0
+    live_rows: int = 0  # of ``rows``: those with a slot, compared with the reference
+    tail_rows: int = 0
+    valid_cases: int = 0
+    broken_cases: int = 0
+    skipped: int = 0
+    seconds: float = 0.0
+    seed: int | None = None
+    checks_hit: Counter = field(default_factory=Counter)
+    judged: Counter = field(default_factory=Counter)  # scale cases: "full" / "sampled" math
+    validation_gaps: Counter = field(default_factory=Counter)
+    wording: Counter = field(default_factory=Counter)  # check -> differently worded errors
+    wording_samples: list[tuple[int | None, str, str]] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
+    saved: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    # With CampaignOptions.history: one record per example, {"t": seconds since the start,
+    # "examples": count, "budget": Outcome.budget, "compile": whether it compiled,
+    # "compile_seconds": seconds in those compiles (kda_fuzz.execution.compiles)}
+    history: list[dict[str, Any]] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)  # more JSON summary keys (shard, ...)
+    # seconds spent per stratum ("broken", "valid", "scale"), summed over jobs
+    stratum_seconds: Counter = field(default_factory=Counter)
+    # verified rows per stratum ("valid", "scale"; ``rows`` is their sum)
+    stratum_rows: Counter = field(default_factory=Counter)
+    # Triton and Helion compiles during the examples, counted by their hooks
+    # (kda_fuzz.execution.compiles), and the seconds spent in them
+    compiles: int = 0
+    compiling_seconds: float = 0.0
+    # examples the execution machinery could not run (an interpreter gap on CPU: never a
+    # verdict), of them valid layouts, and their causes (a few distinct ones, counted)
+    unexecutable: int = 0
+    unexecutable_valid: int = 0
+    unexecutable_causes: Counter = field(default_factory=Counter)
+    # supervised jobs: seconds from a job's launch to its first example (the fork, CUDA
+    # context, imports of the targets), summed over jobs and restarts
+    startup_seconds: float = 0.0
+    # scale stratum: the largest of each size its cases report (``notes["scale_sizes"]``)
+    scale_largest: dict[str, int] = field(default_factory=dict)
+    # draws not run because layouts of their signature crashed or hung (kda_fuzz.campaign.steering)
+    shifted: Counter = field(default_factory=Counter)
+
+    COUNTERS = ("examples", "rows", "live_rows", "tail_rows", "valid_cases", "broken_cases",
+                "skipped", "compiles", "compiling_seconds", "startup_seconds",
+                "unexecutable", "unexecutable_valid")
+
+    def record(self, outcome: Outcome, case: Case, stratum: str = "valid") -> None:
+        """Count one judged example (its first target's outcome) of ``stratum``; the rows
+        of a valid case (live and padding rows; ``live_rows`` the live ones) count as
+        verified unless it was not judged (``skip``)."""
+        self.examples += 1
+        exp = outcome.expectation
+        if outcome.status == "gap":
+            label = exp.hole if exp.hole else "+".join(case.notes.get("breakages", ["?"]))
+            self.validation_gaps[label] += 1
+        elif exp.ok:
+            self.valid_cases += 1
+            if outcome.status != "skip":
+                rows = int(case.notes.get("rows", 1))
+                self.rows += rows
+                self.live_rows += int(case.notes.get("live_rows", rows))
+                self.stratum_rows[stratum] += rows
+                self.tail_rows += int(case.notes.get("tail_rows", 0))
+        else:
+            self.broken_cases += 1
+            self.checks_hit[exp.check if exp.check is not None else f"hole:{exp.hole}"] += 1
+        if outcome.status == "skip":
+            self.skipped += 1
+        if case.notes.get("judged_mode"):
+            self.judged[case.notes["judged_mode"]] += 1
+        if case.notes.get("scale_sizes"):  # the family's labels -> sizes of this case
+            self._largest(case.notes["scale_sizes"])
+        if outcome.wording is not None:
+            self.wording[outcome.wording[0]] += 1
+            if len(self.wording_samples) < WORDING_SAMPLES:
+                self.wording_samples.append(outcome.wording)
+
+    def not_executable(self, exp_ok: bool, cause: str) -> None:
+        """Count an example the execution machinery could not run (not a verdict)."""
+        self.unexecutable += 1
+        self.unexecutable_valid += int(exp_ok)
+        self._causes({cause: 1})
+
+    def _causes(self, causes: dict[str, int]) -> None:
+        for cause, n in causes.items():
+            if cause in self.unexecutable_causes or len(self.unexecutable_causes) < CAUSES:
+                self.unexecutable_causes[cause] += n
+
+    def _largest(self, sizes: dict[str, int]) -> None:
+        for k, v in sizes.items():
+            self.scale_largest[k] = max(v, self.scale_largest.get(k, 0))
+
+    def counters(self) -> dict[str, Any]:
+        """The counts alone (what a job sends as progress, and resumes from)."""
+        out: dict[str, Any] = {n: getattr(self, n) for n in self.COUNTERS}
+        out.update(checks_hit=dict(self.checks_hit), validation_gaps=dict(self.validation_gaps),
+                   wording=dict(self.wording), wording_samples=list(self.wording_samples),
+                   judged=dict(self.judged), stratum_seconds=dict(self.stratum_seconds),
+                   stratum_rows=dict(self.stratum_rows), scale_largest=dict(self.scale_largest),
+                   unexecutable_causes=dict(self.unexecutable_causes),
+                   shifted=dict(self.shifted))
+        return out
+
+    def add_counters(self, c: dict[str, Any]) -> None:
+        """Add another campaign's (a job's) :meth:`counters` to this report's."""
+        for n in self.COUNTERS:
+            setattr(self, n, getattr(self, n) + c.get(n, 0))
+        self._causes(c.get("unexecutable_causes", {}))
+        self.checks_hit.update(c["checks_hit"])
+        self.validation_gaps.update(c["validation_gaps"])
+        self.wording.update(c["wording"])
+        self.judged.update(c.get("judged", {}))
+        self.stratum_seconds.update(c.get("stratum_seconds", {}))
+        self.stratum_rows.update(c.get("stratum_rows", {}))
+        self._largest(c.get("scale_largest", {}))
+        self.shifted.update(c.get("shifted", {}))
+        room = WORDING_SAMPLES - len(self.wording_samples)
+        self.wording_samples.extend(c["wording_samples"][:max(0, room)])
+
+    def add_failure(self, failure: Failure) -> Failure:
+        """Keep ``failure`` if it is a new distinct one, else count it as a repeat of the
+        one kept; returns the kept one."""
+        for f in self.failures:
+            if f.signature == failure.signature:
+                f.count += failure.count
+                if failure.found_seconds is not None and (
+                        f.found_seconds is None or failure.found_seconds < f.found_seconds):
+                    f.found_seconds, f.found_example = failure.found_seconds, \
+                        failure.found_example  # another job saw it first
+                return f
+        self.failures.append(failure)
+        return failure
+
+    def first_finding(self) -> dict[str, Any] | None:
+        """``{"seconds", "example"}`` of the earliest distinct failure this campaign found
+        (None without one)."""
+        found = [f for f in self.failures if f.found_seconds is not None]
+        if not found:
+            return None
+        f = min(found, key=lambda f: f.found_seconds or 0.0)
+        return {"seconds": round(f.found_seconds or 0.0, 3), "example": f.found_example}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "contract": self.contract,
+            "variant": self.variant,
+            "targets": self.targets,
+            "seed": self.seed,
+            "examples": self.examples,
+            "valid_rows": self.rows,
+            "live_rows": self.live_rows,
+            "bucket_padding_rows": self.tail_rows,
+            "valid_cases": self.valid_cases,
+            "broken_cases": self.broken_cases,
+            "skipped_unjudgeable": self.skipped,
+            "failures": len(self.failures),
+            "failure_details": [
+                {"target": f.target, **f.verdict.to_json(), "count": f.count,
+                 "layout": f.case.describe(), "saved": f.saved,
+                 **({"reproduce": f.reproduce} if f.reproduce else {}),
+                 **({"note": f.note} if f.note else {}),
+                 "found_seconds": (None if f.found_seconds is None
+                                   else round(f.found_seconds, 3)),
+                 "found_example": f.found_example}
+                for f in self.failures
+            ],
+            "first_finding": self.first_finding(),
+            "seconds": round(self.seconds, 3),
+            # summed over jobs (a campaign of 8 jobs has 8 seconds of them per second)
+            "stratum_seconds": {k: round(v, 3) for k, v in self.stratum_seconds.items()},
+            "stratum_rows": dict(self.stratum_rows),
+            "compiles": self.compiles,
+            "compiling_seconds": round(self.compiling_seconds, 3),
+            "not_executable": {"examples": self.unexecutable, "valid": self.unexecutable_valid,
+                               "causes": dict(self.unexecutable_causes)},
+            "startup_seconds": round(self.startup_seconds, 3),
+            "scale_largest": dict(self.scale_largest),
+            "scale_judged": dict(self.judged),
+            "checks_hit": {str(k): v for k, v in sorted(self.checks_hit.items(), key=_check_key)},
+            "validation_gaps": dict(self.validation_gaps),
+            "shifted": dict(sorted(self.shifted.items())),
+            "wording_differences": {str(k): v for k, v in self.wording.items()},
+            "wording_samples": [{"check": c, "expected": e, "got": g}
+                                for c, e, g in self.wording_samples],
+            "notes": self.notes,
+            "saved": self.saved,
+            **self.extra,
+        }
+
+
+def _check_key(item: tuple[Any, Any]) -> tuple[int, str]:
+    k = item[0]
+    return (k, "") if isinstance(k, int) else (1 << 30, str(k))
+
+# (case, target, verdict, run) -> (smaller case, its verdict); ``run`` judges a candidate.
+Minimizer = Callable[[Case, Target, Verdict, Callable[[Case], Outcome]], tuple[Case, Verdict]]
+
+
+HARD_KINDS = ("crash", "timeout")  # never re-run in the campaign: each try may kill
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One stratum of a campaign: a strategy and the examples it gets."""
+
+    name: str
+    strategy: st.SearchStrategy[Case]
+    examples: int
+    index: int = 0  # position in the whole campaign's plan (seeds the arm's Hypothesis run)
+    # (r, k): of the arm's Hypothesis run, only examples e with e % k == r are run here (the
+    # others belong to other shards, see kda_fuzz.campaign.shard); the run draws all of them
+    share: tuple[int, int] = (0, 1)
+    # in a time-bounded campaign, the most of a job's time its stratum may take: a round
+    # passes the arm by while its stratum is over (None: no limit)
+    time_share: float | None = None
+
+    @property
+    def stratum(self) -> str:
+        """``broken``, ``valid`` or ``scale``: the part of the plan the arm belongs to."""
+        return self.name.split(":")[0]
+
+
+def deal(arms: list[Arm], job: int, jobs: int) -> list[Arm]:
+    """The arms that job ``job`` of ``jobs`` runs: broken and valid arms are each dealt out
+    round-robin, so every job gets its share of both (see ``plan``'s ``parts``)."""
+    arms = [replace(a, index=i) for i, a in enumerate(arms)]
+    broken = [a for a in arms if a.stratum == "broken"]
+    valid = [a for a in arms if a.stratum != "broken"]
+    return broken[job::jobs] + valid[job::jobs]
+
+
+def plan(contract: Contract, variant: str, max_examples: int, *, device: str = "cpu",
+         budget: int | None = None, valid_share: float = 0.5, families: int = 0,
+         bucket: bool = False, max_b: int | None = None, seed: int | None = None,
+         max_bhv: int | None = None, parts: int = 1, scale_share: float = 0.0,
+         scale_budget: int | None = None,
+         layouts: Sequence[tuple[str, Mapping[str, Any]]] = (), layout_share: float = 0.75,
+         restrict: Mapping[str, Any] | None = None) -> list[Arm]:
+    """Split a campaign's examples: every broken stratum (each breakage, each adjacent pair
+    of checks) gets its share, then a random mix of breakages, then valid layouts. The
+    arms run interleaved, each from the first round on in proportion to its examples
+    (:mod:`kda_fuzz.campaign.interleave`), so the list's order is not the order examples run in.
+
+    With ``families`` (and a contract that defines them) the valid examples are spent
+    family by family, so a shape-specialising kernel compiles a few times per family.
+    Without families the valid examples are split into ``parts`` arms (one per job).
+
+    ``scale_share`` of the examples (taken from the valid ones) go to the contract's
+    scale stratum (``Contract.scale``), sized to ``scale_budget`` bytes (default:
+    0.8 of the device's free memory split between ``parts`` jobs); none when nothing fits.
+
+    ``layouts``: named pins (a deployment's shapes); ``layout_share`` of the valid examples
+    go to them (``valid:pin:NAME`` arms: the pinned fields fixed, everything else drawn
+    around them), the rest to the whole space. ``restrict``: pins every arm honours
+    (what the targets do not support is never drawn)."""
+    arms_scale = _scale_arms(contract, variant, max_examples, device, scale_share,
+                             scale_budget, parts)
+    max_examples -= sum(a.examples for a in arms_scale)
+    arms = _plan(contract, variant, max_examples, device=device, budget=budget,
+                 valid_share=valid_share, families=families, bucket=bucket, max_b=max_b,
+                 seed=seed, max_bhv=max_bhv, parts=parts, layouts=layouts,
+                 layout_share=layout_share, restrict=restrict)
+    return [*arms, *arms_scale]
+
+
+def _scale_arms(contract: Contract, variant: str, max_examples: int, device: str,
+                share: float, budget: int | None, parts: int) -> list[Arm]:
+    stratum = contract.scale
+    n = round(max_examples * share)
+    if not n or stratum is None:
+        return []
+    if budget is None:
+        budget = stratum.device_budget(device, parts)
+    strategy = stratum.cases(variant, device, budget) if budget else None
+    if strategy is None:
+        return []
+    return [Arm(f"scale:part{j}" if parts > 1 else "scale", strategy, k,
+                time_share=max(SCALE_TIME_SHARE, share))
+            for j, k in enumerate(_split(n, max(1, parts))) if k]
+
+
+def _plan(contract: Contract, variant: str, max_examples: int, *, device: str,
+          budget: int | None, valid_share: float, families: int, bucket: bool,
+          max_b: int | None, seed: int | None, max_bhv: int | None,
+          parts: int, layouts: Sequence[tuple[str, Mapping[str, Any]]] = (),
+          layout_share: float = 0.75, restrict: Mapping[str, Any] | None = None
+          ) -> list[Arm]:
+    strata = contract.broken_arms(variant)
+    n_broken = round(max_examples * (1 - valid_share))
+    per = (n_broken * 4 // 5) // max(1, len(strata))  # 0: too few examples, mix only
+    pk: dict[str, Any] = {"pins": dict(restrict)} if restrict else {}
+    arms = [Arm(f"broken:{name}", contract.broken_cases(variant, device=device, only=only,
+                                                        **pk), per)
+            for name, only in strata] if per else []
+    used = per * len(arms)
+    mix = max(0, n_broken - used)
+    if mix:
+        arms.append(Arm("broken:mix", contract.broken_cases(variant, device=device, **pk),
+                        mix))
+    used += mix
+    n_valid = max_examples - used
+    if n_valid <= 0:
+        return arms
+    kw: dict[str, Any] = {"device": device}
+    if budget:
+        kw["budget"] = budget
+    if max_b:
+        kw["max_b"] = max_b
+    if bucket:
+        kw["bucket"] = True
+    if max_bhv:
+        kw["max_bhv"] = max_bhv
+    if layouts:
+        n_pinned = round(n_valid * layout_share)
+        n_valid -= n_pinned
+        for (name, pins), n in zip(layouts, _split(n_pinned, len(layouts))):
+            strategy = contract.valid_cases(variant, **kw, pins={**(restrict or {}), **pins})
+            arms += [Arm(f"valid:pin:{name}" + (f":part{j}" if parts > 1 else ""),
+                         strategy, k) for j, k in enumerate(_split(n, max(1, parts))) if k]
+    kw.update(pk)
+    fams = (contract.families(variant, families, seed or 0, **({"budget": budget} if budget
+                                                               else {}))
+            if families and contract.families else [])
+    if not fams:
+        strategy = contract.valid_cases(variant, **kw)
+        if parts <= 1:
+            return [*arms, Arm("valid", strategy, n_valid)]
+        return [*arms, *(Arm(f"valid:part{j}", strategy, n) for j, n in
+                         enumerate(_split(n_valid, parts)) if n)]
+    return [*arms, *(Arm(f"valid:family{i}", contract.valid_cases(variant, family=f, **kw), n)
+                     for i, (f, n) in enumerate(zip(fams, _split(n_valid, len(fams)))) if n)]
+
+
+def _split(n: int, parts: int) -> list[int]:
+    return [n // parts + (i < n % parts) for i in range(parts)]
+
+
+
+# a time-bounded campaign gives the scale stratum at most this share of a job's time (or
+# its share of examples, if larger): its cases cost tens of the others' (a compile per
+# shape for a shape-specialising kernel)
+SCALE_TIME_SHARE = 0.1
+
+
+_LEAD = st.integers(0, 255)  # each example's first draw (see Campaign._body)
+
+# A position in a campaign: (round, arm within the job, example within the arm's run).
+# Positions grow in the order examples run, and a campaign run again from the same plan
+# and seed draws the same case at the same position (the layouts are built from seeded
+# generators), which is what lets a supervised job resume after a crash.
+Position = tuple[int, int, int]
+END: Position = (1 << 62, 0, 0)
+
+
+class _Stopped(BaseException):
+    """Ends the Hypothesis run at once (not an ``Exception``: Hypothesis lets it through
+    without replaying or shrinking)."""
+
+
+class _Halt(BaseException):
+    """Carries an error out of the Hypothesis run (internal error, environment failure)."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+@dataclass
+class CampaignOptions:
+    """How a campaign draws and judges (see ``plan`` for the shaping knobs)."""
+
+    device: str = "cpu"
+    max_examples: int = 200
+    seed: int | None = None
+    budget: int | None = None
+    valid_share: float = 0.5
+    families: int = 0
+    bucket: bool = False
+    max_b: int | None = None
+    max_bhv: int | None = None
+    scale_share: float = 0.0  # share of examples in the contract's GPU-scale stratum
+    scale_budget: int | None = None  # its bytes per case (None: from the device's free memory)
+    max_seconds: float | None = None
+    deadline: float | None = None  # time.monotonic() at which to stop (overrides max_seconds)
+    max_failures: int = 1  # distinct failures before the campaign stops
+    messages: Messages = "exact"
+    strict: bool = False
+    confirm_runs: int = 2  # re-runs of a new failure; fewer reproductions make it flaky
+    history: bool = False  # keep per-example records (error budget, timing) in the report
+    origin: float | None = None  # time.monotonic() the history's times count from
+    job: tuple[int, int] = (0, 1)
+    # (i, n): run shard i (0-based) of n of the campaign's plan (kda_fuzz.campaign.shard);
+    # with n > 1, max_examples counts the examples of all n shards together
+    shard: tuple[int, int] = (0, 1)
+    # pinned layouts (name, pins) and the share of valid examples they get (see ``plan``)
+    layouts: tuple[tuple[str, dict[str, Any]], ...] = ()
+    layout_share: float = 0.75
+    # what the targets do not support (Contract.restrict): never drawn
+    unsupported: tuple[str, ...] = ()
+
+
+def campaign_plan(contract: Contract, variant: str, o: CampaignOptions) -> list[Arm]:
+    """The whole plan of a campaign with options ``o`` (before it is dealt to jobs)."""
+    restrict = (contract.restrict(o.unsupported, variant)
+                if o.unsupported and contract.restrict is not None else None)
+    return plan(contract, variant, o.max_examples, device=o.device, budget=o.budget,
+                valid_share=o.valid_share, families=o.families, bucket=o.bucket,
+                max_b=o.max_b, seed=o.seed, max_bhv=o.max_bhv, parts=o.job[1],
+                scale_share=o.scale_share, scale_budget=o.scale_budget,
+                layouts=o.layouts, layout_share=o.layout_share, restrict=restrict)
+
+
+class Recorder:
+    """Where a campaign says what it is doing, so that a supervisor can tell a target's
+    crash or hang from the fuzzer's own (the in-process default records nothing)."""
+
+    def call(self, position: Position, target: int) -> contextlib.AbstractContextManager[Any]:
+        """Wraps one target call."""
+        return contextlib.nullcontext()
+
+    def expect(self, case: Case) -> None:
+        """The case the next target calls are made on (a supervised job times them)."""
+
+    def settle(self) -> contextlib.AbstractContextManager[Any]:
+        """Wraps one case's call and judging: where a device fault the target caused
+        (launches are asynchronous) surfaces, at the latest when it ends."""
+        return contextlib.nullcontext()
+
+    def progress(self, position: Position) -> None:
+        """The examples before ``position`` are done."""
+
+
+class Campaign:
+    """One fuzz campaign over a contract variant: a plan of arms run through Hypothesis,
+    every case judged on every target, distinct failures kept (with repeat counts) until
+    ``max_failures`` of them, the examples or the time run out.
+
+    A campaign can start part-way (``resume``: the position of its first example to run,
+    with the counts it had there) and be told which positions already crashed or hung
+    (``hard``: position -> (target index, verdict)); those cases are regenerated, recorded
+    as failures and not run again. ``seen``: signatures of failures already kept by
+    whoever runs this campaign (a restarted job's supervisor); they count as repeats.
+    Draws like layouts that crashed or hung get less of the budget
+    (:mod:`kda_fuzz.campaign.steering`; its state resumes with ``resume``'s counts)."""
+
+    def __init__(self, contract: Contract, variant: str, targets: list[Target], *,
+                 peers: list[Target] | None = None, options: CampaignOptions | None = None,
+                 on_example: Callable[[Report], None] | None = None,
+                 on_failure: Callable[[Failure, bool], None] | None = None,
+                 stop: Callable[[], bool] | None = None, recorder: Recorder | None = None,
+                 resume: tuple[Position, dict[str, Any]] | None = None,
+                 hard: dict[Position, tuple[int, Verdict]] | None = None,
+                 seen: frozenset[tuple[Any, ...]] = frozenset()) -> None:
+        contract.checks_for(variant)  # rejects unknown variants early
+        self.contract, self.variant = contract, variant
+        self.peers = list(peers or [])
+        self.targets = [*targets, *self.peers]
+        self.options = options or CampaignOptions()
+        declared = [u for t in self.targets for u in getattr(t.fn, "kda_fuzz_unsupported", ())]
+        if declared:  # what a target says it does not support is never drawn for it
+            self.options = replace(self.options, unsupported=tuple(dict.fromkeys(
+                [*self.options.unsupported, *declared])))
+        if self.options.seed is None:
+            self.options.seed = random.randrange(2**31)
+        self.report = Report(contract.name, variant, [t.name for t in self.targets],
+                             seed=self.options.seed)
+        self.on_example, self.on_failure, self.stop = on_example, on_failure, stop
+        self.recorder = recorder or Recorder()
+        self.resume_at: Position = (0, 0, 0)
+        if resume is not None:
+            self.resume_at = resume[0]
+            self.report.add_counters(resume[1])
+        self.hard = dict(hard or {})
+        self._stratum = "valid"  # the stratum of the arm being run (see _run_arm)
+        self.known: dict[tuple[Any, ...], Failure] = {}
+        self.seen = seen  # failures kept elsewhere (by the supervisor): repeats here
+        self.stopped: Stop | None = None  # why it stopped early (None: not yet, or never)
+        self._pos: list[int] = [0, 0, 0]
+        self._share: tuple[int, int] = (0, 1)
+        self._strategy: st.SearchStrategy[Case] = st.nothing()
+        self._cycle = 1  # rounds of a cycle of the plan (see _run_rounds)
+        self._first = 0  # the number (over its turns) of the arm's first example of this turn
+        self._largest: int | None = None  # the whole plan's largest arm (see arms)
+        self._t0 = time.monotonic()
+        self._nth = 0  # the number of the example being run (from 1)
+        self.steering = Steering(self.options.seed or 0,
+                                 resume[1].get("steering") if resume is not None else None)
+
+    # ------------------------------------------------------------------ running
+
+    def arms(self) -> list[Arm]:
+        """This job's share of the campaign's plan."""
+        o = self.options
+        arms = campaign_plan(self.contract, self.variant, o)
+        # the whole plan's largest arm sets the rounds (kda_fuzz.campaign.interleave): every job and
+        # shard runs its arms the way the single campaign would
+        self._largest = max((a.examples for a in arms), default=1)
+        mine = (shard_arms(arms, o.shard, job=o.job, seed=o.seed or 0) if o.shard[1] > 1
+                else deal(arms, *o.job))
+        return in_turn_order(mine)
+
+    def run(self) -> Report:
+        """Run the campaign (from ``resume`` on); raises what halted it (an internal
+        error or an ``EnvironmentFailure``)."""
+        t0 = time.monotonic()
+        o = self.options
+        self._t0 = o.origin if o.origin is not None else t0
+        deadline = o.deadline if o.deadline is not None else (
+            None if o.max_seconds is None else t0 + o.max_seconds)
+        self._deadline = deadline
+        arms = self.arms()
+        largest = self._largest or max((a.examples for a in arms), default=1)
+        with _global_constants_only():
+            self._run_rounds(arms, largest, deadline)
+        if self.contract.status is not None:
+            self.report.notes += self.contract.status()
+        self.recorder.progress(END)
+        self.report.seconds = time.monotonic() - t0
+        return self.report
+
+    def _run_rounds(self, arms: list[Arm], largest: int, deadline: float | None) -> None:
+        """Run the arms interleaved (:func:`kda_fuzz.campaign.interleave.schedule`): in every round
+        each arm its share, the plan's ``largest`` arm CHUNK examples; one cycle of rounds,
+        or cycles until the ``deadline``."""
+        cycle = self._cycle = cycle_of(largest)
+        try:
+            for rounds, ai, n in schedule(arms, cycle, repeat=deadline is not None):
+                arm = arms[ai]
+                if (rounds, ai, 1 << 62) < self.resume_at:
+                    continue  # done before the resume point
+                if deadline is not None and time.monotonic() > deadline:
+                    raise _Stopped
+                if deadline is not None and self._over_time_share(arm, arms):
+                    continue  # its stratum has had its share of the time for now
+                self._pos = [rounds, ai, 0]
+                self._run_arm(arm, n, rounds)
+        except _Stopped:
+            pass
+        except _Halt as h:
+            raise h.error from None
+
+    def _over_time_share(self, arm: Arm, arms: list[Arm]) -> bool:
+        """Whether the arm's stratum has taken more than ``arm.time_share`` of this job's
+        time so far (never when the job has no arm without a time share: it would idle)."""
+        if arm.time_share is None or all(a.time_share is not None for a in arms):
+            return False
+        spent = self.report.stratum_seconds
+        return spent[arm.stratum] > arm.time_share * sum(spent.values())
+
+    def _run_arm(self, arm: Arm, n: int, rounds: int) -> None:
+        self._share = arm.share
+        self._stratum = arm.stratum
+        self._strategy = arm.strategy
+        self._first = arm_before(arm, self._cycle, rounds)
+        # every Hypothesis run starts with the arm's simplest case: after the first round
+        # it is skipped before its case is drawn (see _body), so an arm of one example per
+        # round does not run that case again and again
+        test = settings(
+            max_examples=n + (rounds > 0), database=None, deadline=None,
+            phases=(Phase.generate,),
+            suppress_health_check=list(HealthCheck), print_blob=False,
+        )(given(st.data())(self._body))
+        seed = self.options.seed or 0
+        t = time.monotonic()
+        try:
+            hypothesis_seed((seed * 1009 + arm.index) * 7919 + rounds)(test)()
+        finally:
+            self.report.stratum_seconds[arm.stratum] += time.monotonic() - t
+
+    def _body(self, data: st.DataObject) -> None:
+        pos: Position = (self._pos[0], self._pos[1], self._pos[2])
+        # one cheap draw first: an example that draws nothing would end the run (Hypothesis
+        # takes its choices as exhausted)
+        data.draw(_LEAD)
+        if pos[0] and not pos[2]:
+            self._pos[2] += 1
+            return  # a later round's first example: the simplest case, run in the first round
+        case = data.draw(self._strategy)  # (a case the strategy rejects gets no position)
+        self._pos[2] += 1
+        if (self._first + pos[2] - (pos[0] > 0)) % self._share[1] != self._share[0]:
+            return  # another shard's example (drawn all the same: the draws stay aligned)
+        if pos not in self.hard:
+            run, why = self.steering.admits(pos, self._stratum, case,
+                                            replay=pos < self.resume_at)
+            if not run:
+                if why is not None:
+                    self.report.shifted[describe_feature(why)] += 1
+                reject()  # like layouts that crashed or hung: another draw instead
+        if pos < self.resume_at:
+            return  # fast-forward: this example ran before the resume point
+        try:
+            self._example(pos, case)
+        except (_Stopped, _Halt):
+            raise
+        except Exception as e:  # an error of the fuzzer or of the environment
+            raise _Halt(e) from e
+        self.recorder.progress((pos[0], pos[1], pos[2] + 1))
+
+    def _example(self, pos: Position, case: Case) -> None:
+        self._nth = self.report.examples + 1  # this example's number in the job
+        hard = self.hard.pop(pos, None)
+        if hard is not None:  # crashed or hung here before: record it, never run it again
+            index, verdict = hard
+            outcome = Outcome("fail", expectation(self.contract, case), verdict)
+            self._count(outcome, case)
+            self._failed(case.on("cpu"), verdict, self.targets[index], confirmed=True)
+            self.steering.observe(self._stratum, case, fault=True)
+            return
+        if self.stop is not None and self.stop():
+            self.stopped = self.stopped or Stop(ExitReason.STOP_REQUESTED)
+            raise _Stopped
+        if self._deadline is not None and time.monotonic() > self._deadline:
+            raise _Stopped
+        first: Outcome | None = None
+        built = compiles.totals()
+        try:
+            for index, target in enumerate(self.targets):
+                outcome = self._judge(pos, index, case, target, budget=first is None)
+                first = first or outcome
+                if outcome.status == "fail":
+                    assert outcome.verdict is not None
+                    self._failed(case, outcome.verdict, target, pos=pos, index=index)
+                elif outcome.status in ("gap", "skip"):
+                    break
+        except EnvironmentFailure as e:  # not executable here: counted, never a verdict
+            self._compiled(built)
+            self.report.not_executable(expectation(self.contract, case).ok, str(e))
+            if self.on_example is not None:
+                self.on_example(self.report)
+            return
+        assert first is not None
+        for peer in self.peers if first.status == "pass" else ():
+            main = self.targets[0]
+            pair = run_peers(self.contract, case, [(main.name, main.fn), (peer.name, peer.fn)])
+            if pair.status == "fail" and pair.verdict is not None:
+                self._failed(case, pair.verdict, Target(f"{main.name} vs {peer.name}", main.fn),
+                             confirmed=True)
+        compiled = self._compiled(built)
+        self._count(first, case)
+        self.steering.observe(self._stratum, case, fault=False)
+        if self.options.history:
+            self._remember(first, compiled)
+        if len(self.report.failures) >= self.options.max_failures:
+            self.stopped = Stop(ExitReason.MAX_FAILURES,
+                                f"{len(self.report.failures)} distinct failures (--max-failures)")
+            raise _Stopped
+
+    def _judge(self, pos: Position, index: int, case: Case, target: Target,
+               budget: bool = False) -> Outcome:
+        self.recorder.expect(case)
+        with self.recorder.settle():
+            return run_case(self.contract, case, target.fn, messages=self.options.messages,
+                            strict=self.options.strict,
+                            guard=lambda: self.recorder.call(pos, index),
+                            budget=budget and self.options.history)
+
+    def _compiled(self, before: compiles.Compiles) -> compiles.Compiles:
+        """Count the compiles since ``before`` (this example's) in the report."""
+        new = compiles.totals() - before
+        self.report.compiles += new.count
+        self.report.compiling_seconds += new.seconds
+        return new
+
+    def _remember(self, outcome: Outcome, compiled: compiles.Compiles) -> None:
+        """One history record."""
+        self.report.history.append({
+            "t": round(time.monotonic() - self._t0, 4), "examples": self.report.examples,
+            "budget": outcome.budget or {}, "compile": compiled.count > 0,
+            "compile_seconds": round(compiled.seconds, 4)})
+
+    def _count(self, outcome: Outcome, case: Case) -> None:
+        self.report.record(outcome, case, self._stratum)
+        if self.on_example is not None:
+            self.on_example(self.report)
+
+    def _failed(self, case: Case, verdict: Verdict, target: Target, *, confirmed: bool = False,
+                pos: Position | None = None, index: int = 0) -> None:
+        """Keep a new distinct failure (re-run first: one that does not come back every
+        time is ``flaky``) or count a repeat of a known one."""
+        seconds = time.monotonic() - self._t0  # first seen (before any re-run)
+        failure = Failure(case, verdict, target.name)
+        known = self._known(failure)
+        if known is None and not confirmed and self.options.confirm_runs:
+            failure = self._confirm(failure, target, pos, index)
+            known = self._known(failure)
+        if known is not None:
+            known.count += 1
+            if self.on_failure is not None:
+                self.on_failure(known, False)
+            return
+        if any(t.device.type == "cuda" for t in failure.case.tensors.values()):
+            failure.case = failure.case.on("cpu")
+        policy = {**({"strict": True} if self.options.strict else {}),
+                  **({"messages": "class"} if self.options.messages == "class" else {})}
+        if policy:  # replay judges the saved case the way the campaign did
+            failure.case = replace(failure.case, notes={**failure.case.notes, **policy})
+        failure.found_seconds = seconds
+        failure.found_example = self._nth
+        self.known[failure.signature] = failure
+        self.report.failures.append(failure)
+        if self.on_failure is not None:
+            self.on_failure(failure, True)
+
+    def _known(self, failure: Failure) -> Failure | None:
+        sig = failure.signature
+        if sig in self.seen and sig not in self.known:
+            self.known[sig] = replace(failure, count=0)  # kept elsewhere: count repeats
+        return self.known.get(sig)
+
+    def _confirm(self, failure: Failure, target: Target, pos: Position | None,
+                 index: int) -> Failure:
+        runs = 0
+        same = 0
+        for _ in range(self.options.confirm_runs):
+            again = (self._judge(pos, index, failure.case, target) if pos is not None
+                     else Outcome("fail", expectation(self.contract, failure.case),
+                                  failure.verdict))
+            if again.status == "skip":  # e.g. out of device memory: no evidence either way
+                continue
+            runs += 1
+            same += again.verdict is not None and again.verdict.signature() == \
+                failure.verdict.signature()
+        if same == runs:
+            if runs < self.options.confirm_runs:
+                failure.note = f"re-run {runs} of {self.options.confirm_runs} times"
+            return failure
+        v = failure.verdict
+        flaky = Verdict("flaky", v.what, f"seen once, then in {same} of {runs} re-runs of the "
+                        f"same case: {v.detail}", v.check, v.message, v.output, v.max_error,
+                        v.where, {**v.extra, "reproduced": same, "reruns": runs,
+                                  "first_kind": v.kind})
+        return Failure(failure.case, flaky, failure.target)
+
+
+def share_of(contract: Contract, variant: str, options: CampaignOptions, jobs: int
+             ) -> dict[str, Any]:
+    """:func:`kda_fuzz.campaign.shard.describe` of the shard ``options.shard`` of the plan that
+    ``jobs`` supervised jobs draw with ``options``. Computed without initialising a GPU: a
+    scale budget left to the jobs (their free memory) is taken as large, which gives the
+    same arms whenever any scale case fits."""
+    o = replace(options, job=(0, jobs),
+                families=max(options.families, jobs) if options.families else 0)
+    if o.scale_budget is None and str(o.device).startswith("cuda"):
+        o = replace(o, scale_budget=NOMINAL_SCALE_BUDGET)
+    return describe(campaign_plan(contract, variant, o), Shard(*o.shard), o.seed or 0)
+
+
+@contextlib.contextmanager
+def _global_constants_only() -> Iterator[None]:
+    """Now and then Hypothesis draws a constant found in the (non-library) modules loaded
+    in the process, and which modules are loaded differs between processes (a kernel
+    imported on its first call, a test run before): the same seed would then draw
+    different cases, and a restarted job would not resume where it stood. Campaigns draw
+    from Hypothesis' global constants only (its internals; a no-op where they differ)."""
+    try:
+        from hypothesis.internal.conjecture import providers
+
+        original = providers._get_local_constants
+        empty = providers.Constants()
+        cache = providers.CONSTANTS_CACHE.cache
+    except (ImportError, AttributeError):
+        yield
+        return
+    providers._get_local_constants = lambda: empty
+    cache.clear()
+    try:
+        yield
+    finally:
+        providers._get_local_constants = original
+        cache.clear()
+
+
+def campaign(contract: Contract, variant: str, targets: list[Target], *,
+             minimize: Minimizer | None = None,
+             peers: list[Target] | None = None,
+             on_example: Callable[[Report], None] | None = None,
+             stop: Callable[[], bool] | None = None,
+             on_failure: Callable[[Failure, bool], None] | None = None,
+             **options: Any) -> Report:
+    """Run a campaign in this process (targets called directly) and minimize each distinct
+    failure with ``minimize``; ``options`` are :class:`CampaignOptions` fields. Stops at
+    the first distinct failure unless ``max_failures`` says otherwise. ``on_failure(f,
+    new)`` is told of each confirmed failure as it is found (``new``: a distinct one)."""
+    c = Campaign(contract, variant, targets, peers=peers, options=CampaignOptions(**options),
+                 on_example=on_example, stop=stop, on_failure=on_failure)
+    report = c.run()
+    if c.stopped is not None and c.stopped.noteworthy:
+        report.notes.append(f"stopped: {c.stopped}")
+    if minimize is not None:
+        by_name = {t.name: t for t in c.targets}
+        for f in report.failures:
+            target = by_name.get(f.target)
+            if target is None or not minimizable(f.verdict):
+                continue
+            f.original = f.case
+            f.case, f.verdict = minimize(f.case, target, f.verdict,
+                                         lambda cand, t=target: run_case(
+                                             contract, cand, t.fn, messages=c.options.messages,
+                                             strict=c.options.strict))
+    return report
+
+
+def require_executed(report: Report) -> None:
+    """Note the examples the execution machinery could not run; raise
+    :class:`EnvironmentFailure` when none of the campaign's valid layouts could run (or
+    nothing at all): then the campaign verified nothing and says so with exit 2."""
+    if not report.unexecutable:
+        return
+    causes = "; ".join(f"{n} x {c}" for c, n in report.unexecutable_causes.most_common())
+    if report.examples == 0 or (report.unexecutable_valid and not report.valid_cases):
+        raise EnvironmentFailure(
+            f"none of the {report.unexecutable_valid} valid layout(s) drawn could run here "
+            f"({report.unexecutable} example(s) not executable: {causes})")
+    report.notes.append(
+        f"not executable here: {report.unexecutable} example(s) "
+        f"({report.unexecutable_valid} valid layouts), skipped: a failure of the execution "
+        f"machinery, not a verdict on the target: {causes}")
+
+
+def minimizable(verdict: Verdict) -> bool:
+    """Whether a failure can be shrunk by re-running candidates in this process: not a
+    crash, hang, flaky failure or peer disagreement."""
+    return verdict.kind not in (*HARD_KINDS, "flaky") and not verdict.what.startswith("peers-")

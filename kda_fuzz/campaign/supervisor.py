@@ -1,0 +1,652 @@
+"""Supervised campaigns: the default way ``kda-fuzz fuzz`` runs targets.
+
+A supervisor (this process) starts N job processes (``--jobs``; one by default). Each job
+runs the hot loop itself (draw, build on the device, launch, judge: a
+:class:`~kda_fuzz.campaign.runner.Campaign` over its share of the plan's arms) and keeps a flight
+record in shared memory: the position of the example in flight and whether a target is
+executing. Nothing is shipped per example. The supervisor reads progress and failures
+from its own pipe (a job killed mid-message can only break its own pipe, which its
+restart replaces; a queue shared by all jobs would stay locked) and watches the records:
+
+* a job that dies while a target runs is a ``crash`` of that target at that position,
+  one that stays in a target call past the limit the job set for it is killed, a
+  ``timeout`` (the limit is calibrated from the target's measured call times, see
+  :mod:`kda_fuzz.campaign.timeouts`; ``timeout`` is its ceiling);
+* the job is restarted from its last progress message with the same plan and seed; it
+  fast-forwards to where it stood (the same seeds draw the same cases), regenerates the
+  case that crashed, exactly as launched, records it as a failure without running it,
+  and goes on: a campaign with a crash runs its whole example budget, however many
+  crashes it meets, with less of it spent on layouts like those that crashed
+  (:mod:`kda_fuzz.campaign.steering`);
+* a job that dies or stalls outside a target call is the fuzzer's own failure
+  (``JobError``), never a verdict against the target.
+
+Jobs are forks of a fork server that has imported torch and the engine and run nothing
+(``process.worker_context``; never forks of a process with a running torch thread pool
+or CUDA context, which deadlock or fail). On ``cuda``, job j uses GPU ``j mod n`` with
+its share of that GPU's memory. Each new distinct failure is handed on as it arrives
+(``on_found``: the command minimizes and saves it while the campaign goes on, see
+:mod:`kda_fuzz.campaign.findings`). Jobs ignore SIGINT and SIGTERM: the supervisor stops them
+(``interrupt``, a deadline). Messages on the pipes are the dataclasses of
+:mod:`kda_fuzz.campaign.channel`.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import signal
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from multiprocessing import connection
+from typing import Any, NoReturn
+
+from kda_fuzz.campaign.channel import (
+    ExitReason,
+    JobDone,
+    JobEnvironment,
+    JobFailed,
+    JobFault,
+    JobFound,
+    JobMessage,
+    JobProgress,
+    JobRepeat,
+    Snapshot,
+    Stop,
+)
+from kda_fuzz.campaign.minimize import minimize_with_verdict
+from kda_fuzz.campaign.runner import (
+    Campaign,
+    CampaignOptions,
+    Failure,
+    Position,
+    Recorder,
+    Report,
+    Target,
+    load_target,
+    minimizable,
+)
+from kda_fuzz.campaign.steering import note as shifted_note
+from kda_fuzz.campaign.timeouts import Calibration, describe, merged, store_size
+from kda_fuzz.campaign.timeouts import note as timeout_note
+from kda_fuzz.engine.oracle import EnvironmentFailure, device_error
+from kda_fuzz.engine.verdict import Verdict
+from kda_fuzz.families import get_contract
+from kda_fuzz.workers.isolate import IsolatedTarget
+from kda_fuzz.workers.process import exit_with_parent, how_it_ended, worker_context, worker_process
+
+JOBS_PER_GPU = 4  # xdist workers sharing one GPU
+CAMPAIGN_JOBS_PER_GPU = 8  # ``--jobs auto``: campaign jobs sharing one GPU (H200 figures)
+PROGRESS_EVERY = 0.25  # seconds between a job's progress messages
+STALL_SECONDS = 600.0  # a job silent this long outside a target call is stuck (ours)
+STOP_GRACE = 3.0  # seconds a job may take to end its example after an interrupt
+
+# Flight record fields (one shared array of doubles per job): LIMIT, the seconds the call
+# in flight may take (0: the supervisor's timeout); from CALIBRATION on, the job's
+# kda_fuzz.campaign.timeouts store (kept across its restarts).
+STATE, ROUND, ARM, EXAMPLE, TARGET, SINCE, LIMIT = range(7)
+CALIBRATION = 7
+IDLE, CALLING, FAULTED, JUDGING = 0.0, 1.0, 2.0, 3.0  # JUDGING: after a call, before the next
+
+
+def device_for(device: str, worker: int) -> str:
+    """The device of worker ``worker``: for ``cuda`` GPU ``worker mod n``; ``cuda:i`` and
+    ``cpu`` as given."""
+    if device != "cuda":
+        return device
+    import torch
+
+    return f"cuda:{worker % max(1, torch.cuda.device_count())}"
+
+
+def claim_device(device: str, worker: int, per_gpu: int = JOBS_PER_GPU) -> str:
+    """``device_for(device, worker)``; a GPU is made current and capped to ``0.9 / per_gpu``
+    of its memory so that ``per_gpu`` workers cannot exhaust it."""
+    device = device_for(device, worker)
+    if not device.startswith("cuda"):
+        return device
+    import torch
+
+    torch.cuda.set_device(device)
+    torch.cuda.set_per_process_memory_fraction(0.9 / per_gpu)
+    return device
+
+
+def auto_jobs(device: str) -> int:
+    """Jobs for ``--jobs auto``: ``CAMPAIGN_JOBS_PER_GPU`` per GPU in use on cuda, one per
+    CPU core on cpu; never more than the CPU cores."""
+    cpus = os.cpu_count() or 1
+    if not device.startswith("cuda"):
+        return cpus
+    import torch
+
+    gpus = 1 if ":" in device else max(1, torch.cuda.device_count())
+    return max(1, min(cpus, CAMPAIGN_JOBS_PER_GPU * gpus))
+
+
+class JobError(RuntimeError):
+    """A job of a campaign failed outside the targets (the fuzzer's own failure)."""
+
+
+@dataclass(frozen=True)
+class Job:
+    """What one job process runs (picklable: targets travel as ``MODULE:CALLABLE``)."""
+
+    index: int
+    jobs: int
+    contract: str
+    variant: str
+    targets: tuple[str, ...]
+    peers: tuple[str, ...]
+    device: str
+    wrap: Callable[[Callable[..., Any]], Callable[..., Any]] | None
+    options: CampaignOptions
+    resume: tuple[Position, dict[str, Any]] | None = None
+    hard: dict[Position, tuple[int, Verdict]] = field(default_factory=dict)
+    seen: frozenset[tuple[Any, ...]] = frozenset()  # signatures of failures already kept
+    isolate: bool = True  # keep the flight record (else: no restart after a crash)
+    launched: float = 0.0  # time.monotonic() when the supervisor started the process
+    timeout: float = 60.0  # the ceiling of the calibrated per-call timeout
+
+
+class _SharedRecorder(Recorder):
+    """A job's flight record in shared memory, and its progress messages."""
+
+    def __init__(self, record: Any, send: Callable[[Position], None], device: str,
+                 flight: bool = True, calibration: Calibration | None = None) -> None:
+        self.record, self.send, self.device, self.flight = record, send, device, flight
+        self.calibration = calibration  # None: the supervisor's fixed timeout
+        self.last = 0.0
+        self._case: Any = None
+        self._timing: tuple[int, float] | None = None  # (target, start) of a call to time
+
+    def expect(self, case: Any) -> None:
+        self._case = case
+
+    def _timed(self) -> None:
+        """The call being timed has ended (cpu: it returned; cuda: its launches finished)."""
+        if self._timing is not None and self.calibration is not None and self._case is not None:
+            target, start = self._timing
+            self.calibration.observe(target, self._case, time.monotonic() - start)
+        self._timing = None
+
+    @contextmanager
+    def call(self, position: Position, target: int) -> Any:
+        if not self.flight:
+            yield
+            return
+        r = self.record
+        r[ROUND], r[ARM], r[EXAMPLE], r[TARGET] = (*position, target)
+        cal, case = self.calibration, self._case
+        if cal is not None and case is not None:
+            r[LIMIT] = cal.limit(target, case)
+        r[SINCE] = time.monotonic()
+        self._timing = (target, r[SINCE])
+        r[STATE] = CALLING
+        yield
+        if not self.device.startswith("cuda"):
+            r[STATE] = JUDGING
+            self._timed()
+        # on cuda the call stays the target's until ``settle`` has seen the device finish
+        # its launches: no sync here (each costs a time slice on a GPU shared by jobs)
+
+    @contextmanager
+    def settle(self) -> Any:
+        if not (self.flight and self.device.startswith("cuda")):
+            yield
+            return
+        import torch
+
+        try:
+            yield
+        except Exception as e:
+            if device_error(e):
+                self._fault(e)
+            raise
+        try:
+            torch.cuda.synchronize()  # the judge's read usually left nothing to wait for
+        except Exception as e:
+            self._fault(e)
+        self.record[STATE] = JUDGING
+        self._timed()  # (the judge's read is in it: what the supervisor's clock sees too)
+
+    def _fault(self, error: BaseException) -> NoReturn:
+        self.record[STATE] = FAULTED  # the CUDA context is gone: report, then die here
+        raise _DeviceFault(str(error).splitlines()[0]) from error
+
+    def progress(self, position: Position) -> None:
+        self.record[STATE] = IDLE
+        now = time.monotonic()
+        if now - self.last >= PROGRESS_EVERY:
+            self.last = now
+            self.send(position)
+
+
+class _DeviceFault(Exception):
+    """The device faulted during (or right after) a target call."""
+
+
+def _run_job(job: Job, conn: Any, stop: Any, record: Any) -> None:
+    """Job process body: one campaign, its progress, failures and end sent on ``conn``
+    (from this thread only, so a target's crash never interrupts a message)."""
+    exit_with_parent()
+    # Ctrl-C and SIGTERM reach the whole process group: the supervisor alone decides (it
+    # stops the jobs through ``stop``), so that a signal is never a job's death
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    put = conn.send
+    try:
+        import torch
+
+        gpus = torch.cuda.device_count() if job.device == "cuda" else 1
+        device = claim_device(job.device, job.index, -(-job.jobs // max(1, gpus)))
+        contract = get_contract(job.contract)
+        if not device.startswith("cuda") and contract.execution is not None:
+            contract.execution.configure_cpu()
+        # the jobs share the host's cores: no job's torch ops may spread over all of them
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // job.jobs))
+        targets = [load_target(t) for t in job.targets]
+        peers = [load_target(p) for p in job.peers]
+        if job.wrap is not None:
+            targets = [Target(t.name, job.wrap(t.fn)) for t in targets]
+        options = CampaignOptions(**{**job.options.__dict__, "device": device})
+        holder: list[Campaign] = []
+        n_targets = len(targets) + len(peers)
+        calibration = Calibration(record, n_targets, job.timeout, offset=CALIBRATION) \
+            if job.isolate and len(record) >= CALIBRATION + store_size(n_targets) else None
+
+        sent = [0]  # history records already sent
+
+        def snapshot(position: Position) -> tuple[Position, dict[str, Any]]:
+            rep = holder[0].report
+            counters = rep.counters()
+            counters["history"], sent[0] = rep.history[sent[0]:], len(rep.history)
+            counters["steering"] = holder[0].steering.state(position)  # (resumes with it)
+            return position, counters
+
+        def on_failure(f: Failure, new: bool) -> None:
+            c = holder[0]
+            rec.last = 0.0  # the next progress message goes out at once
+            where = (c._pos[0], c._pos[1], c._pos[2] - 1)  # this example, not yet counted
+            # Plain pickle: torch's reductions would share tensors through handles that
+            # die with this process.
+            put(JobFound(job.index, pickle.dumps(f), snapshot(where)) if new
+                else JobRepeat(job.index, f.signature, snapshot(where)))
+
+        rec = _SharedRecorder(record, lambda pos: put(JobProgress(job.index, snapshot(pos))),
+                              device, flight=job.isolate, calibration=calibration)
+        c = Campaign(contract, job.variant, targets, peers=peers, options=options,
+                     on_failure=on_failure, stop=stop.is_set, recorder=rec,
+                     resume=job.resume, hard=job.hard, seen=job.seen)
+        holder.append(c)
+        try:
+            c.report.startup_seconds += max(0.0, time.monotonic() - job.launched)
+            rep = c.run()
+        except _DeviceFault as e:
+            put(JobFault(job.index, str(e)))
+            conn.close()
+            os._exit(70)
+        summaries = {"seconds": rep.seconds, "stopped": c.stopped, "notes": rep.notes,
+                     "targets": {t.name: t.fn.summary() for t in targets
+                                 if hasattr(t.fn, "summary")}}
+        put(JobDone(job.index, snapshot((1 << 62, 0, 0)), summaries))
+    except EnvironmentFailure as e:
+        put(JobEnvironment(job.index, str(e)))
+    except BaseException:  # reported by the supervisor as the fuzzer's own failure
+        put(JobFailed(job.index, traceback.format_exc()))
+
+
+@dataclass
+class _JobState:
+    spec: Job
+    proc: Any
+    record: Any
+    conn: Any
+    snapshot: Snapshot | None = None
+    fault: str = ""
+    restarts: int = 0
+    done: bool = False
+    summary: dict[str, Any] = field(default_factory=dict)
+    last_message: float = field(default_factory=time.monotonic)
+
+
+class Supervisor:
+    """Runs a campaign as supervised job processes and merges what they find."""
+
+    def __init__(self, contract: str, variant: str, targets: list[str], jobs: int, *,
+                 options: CampaignOptions, peers: list[str] | None = None,
+                 timeout: float = 60.0,
+                 wrap: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None,
+                 on_example: Callable[[Report], None] | None = None,
+                 isolate: bool = True,
+                 on_found: Callable[[Failure], None] | None = None,
+                 hard_deadline: float | None = None) -> None:
+        if jobs < 1:
+            raise ValueError(f"jobs must be at least 1, got {jobs}")
+        self.contract, self.variant, self.targets = contract, variant, list(targets)
+        self.peers = list(peers or [])
+        self.jobs, self.timeout, self.wrap, self.on_example = jobs, timeout, wrap, on_example
+        self.isolate = isolate
+        self.on_found = on_found  # told of each new distinct failure as it arrives
+        self.hard_deadline = hard_deadline  # time.monotonic() by which every job has ended
+        self._kept: dict[tuple[Any, ...], Failure] = {}  # signature as found -> failure
+        self.interrupted: Stop | None = None  # set by ``interrupt`` (a signal handler)
+        self.stopped: Stop | None = None  # why the campaign ended early, if it did
+        if options.seed is None:
+            options.seed = random.randrange(2**31)
+        if options.families:
+            options.families = max(options.families, jobs)  # one family per job at least
+        self.options = options
+        self.ctx = worker_context()  # never a fork of a process with CUDA or a thread pool
+        self.stop = self.ctx.Event()
+        self.report = Report(contract, variant, [*self.targets, *self.peers], seed=options.seed)
+        self.states: list[_JobState] = []
+        self.restarts = 0
+        self.hang_limits: list[float] = []  # the limit in force at each hang
+        self._t0 = 0.0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _start(self, spec: Job, state: _JobState | None = None) -> _JobState:
+        record = state.record if state is not None else self.ctx.RawArray(
+            "d", CALIBRATION + store_size(len(self.targets) + len(self.peers)))
+        record[STATE], record[LIMIT] = IDLE, 0.0
+        reader, writer = self.ctx.Pipe(duplex=False)
+        spec = replace(spec, launched=time.monotonic())  # (one clock for all processes)
+        proc = worker_process(self.ctx, _run_job, (spec, writer, self.stop, record))
+        proc.start()
+        writer.close()
+        if state is None:
+            return _JobState(spec, proc, record, reader)
+        if state.conn is not None:
+            state.conn.close()
+        state.spec, state.proc, state.conn, state.fault = spec, proc, reader, ""
+        state.last_message = time.monotonic()
+        return state
+
+    def start(self) -> None:
+        """Start the job processes (they import the targets and begin); ``run`` waits for
+        them. Starting early lets the jobs' imports overlap the caller's own checks."""
+        if self.states:
+            return
+        self._t0 = time.monotonic()
+        o = self.options
+        o.origin = self._t0  # the jobs' history times count from here
+        if o.max_seconds is not None and o.deadline is None:
+            o.deadline = self._t0 + o.max_seconds
+        n = self.jobs
+        self.states = [
+            self._start(Job(j, n, self.contract, self.variant, tuple(self.targets),
+                            tuple(self.peers), o.device, self.wrap,
+                            CampaignOptions(**{**o.__dict__, "job": (j, n)}),
+                            isolate=self.isolate, timeout=self.timeout))
+            for j in range(n)
+        ]
+
+    def abort(self) -> None:
+        """Stop jobs started by ``start`` without running the campaign."""
+        self.stop.set()
+        for s in self.states:
+            s.proc.kill()
+            s.proc.join(timeout=5)
+
+    def interrupt(self, reason: Stop) -> None:
+        """Ask the campaign to stop drawing (safe in a signal handler: only a flag is set;
+        the run loop stops the jobs)."""
+        self.interrupted = self.interrupted or reason
+
+    def run(self) -> Report:
+        """Run every job to its end; raises ``JobError`` or ``EnvironmentFailure``.
+
+        After ``interrupt``, or past ``options.deadline``, the jobs stop drawing; a job
+        still in an example ``STOP_GRACE`` seconds later (after an interrupt) or at
+        ``hard_deadline`` is killed, its last progress kept."""
+        self.start()
+        t0 = self._t0
+        cut: float | None = None  # when to kill jobs that have not ended
+        try:
+            while not all(s.done for s in self.states):
+                self._drain(0.05)
+                if self.interrupted is not None and cut is None:
+                    self.stopped = self.interrupted
+                    self.stop.set()
+                    cut = time.monotonic() + STOP_GRACE
+                hard = self.hard_deadline
+                if (cut is not None and time.monotonic() > cut) or (
+                        hard is not None and time.monotonic() > hard):
+                    self._cut()
+                    break
+                for s in self.states:
+                    if not s.done:
+                        self._watch(s)
+            self._drain(0.0)
+        finally:
+            self.stop.set()
+            for s in self.states:
+                s.proc.join(timeout=10)
+                if s.proc.is_alive():
+                    s.proc.kill()
+                    s.proc.join(timeout=5)
+        said: dict[str, list[int]] = {}  # a job's note -> the jobs that made it
+        for s in self.states:
+            stopped = s.summary.get("stopped")
+            if stopped is not None and stopped.noteworthy:
+                self.report.notes.append(f"job {s.spec.index}: {stopped}")
+            for note in s.summary.get("notes", []):
+                said.setdefault(note, []).append(s.spec.index)
+        self.report.notes += [f"job{'s' * (len(j) > 1)} {', '.join(map(str, j))}: {note}"
+                              for note, j in said.items()]
+        report = self._progress()
+        report.seed, report.notes, report.history = (self.report.seed, self.report.notes,
+                                                     self.report.history)
+        self.report = report
+        if self.restarts:
+            self.report.notes.append(f"{self.restarts} job restart(s) after a crash or hang")
+        if self.report.shifted:
+            self.report.notes.append(shifted_note(self.report.shifted))
+        if self.isolate and self.states:
+            self.report.extra["timeout"] = self.timeouts()
+            self.report.notes.append(timeout_note(self.report.extra["timeout"]))
+        self.report.seconds = time.monotonic() - t0
+        return self.report
+
+    def _cut(self) -> None:
+        """Kill the jobs that have not ended (stopping or past the deadline), keeping their
+        last progress: never a verdict on a target."""
+        self.stop.set()
+        for s in self.states:
+            if s.done:
+                continue
+            s.proc.kill()
+            s.proc.join(timeout=5)
+            s.done = True
+            s.summary = {**s.summary, "stopped": Stop(
+                self.stopped.reason if self.stopped else ExitReason.DEADLINE,
+                "stopped in the middle of an example (killed: "
+                + ("interrupted" if self.stopped else "the --max-seconds deadline") + ")")}
+        self._drain(0.0)
+
+    def timeouts(self) -> dict[str, Any]:
+        """The calibrated per-call timeout (``kda_fuzz.campaign.timeouts.describe``, what all jobs
+        measured) and the limits in force at the hangs."""
+        names = [*self.targets, *self.peers]
+        store = merged([s.record for s in self.states], len(names), CALIBRATION)
+        out = describe(store, names, self.timeout)
+        out["hangs"] = len(self.hang_limits)
+        out["hang_limits_seconds"] = sorted({round(x, 3) for x in self.hang_limits})
+        return out
+
+    def summaries(self) -> list[dict[str, Any]]:
+        """Per job: its campaign's seconds, why it stopped, its wrapped targets' summaries."""
+        return [s.summary for s in self.states]
+
+    # ------------------------------------------------------------------ messages
+
+    def _drain(self, wait: float) -> None:
+        conns = [s.conn for s in self.states if s.conn is not None]
+        ready = connection.wait(conns, timeout=wait) if conns else []
+        if not conns:
+            time.sleep(wait)
+        for conn in ready:
+            s = next(s for s in self.states if s.conn is conn)
+            try:
+                while s.conn is not None and s.conn.poll():
+                    self._handle(s.conn.recv())
+            except (EOFError, OSError):  # the job ended (or died mid-message)
+                s.conn.close()
+                s.conn = None
+        if ready and self.on_example is not None:
+            self.on_example(self._progress())
+
+    def _progress(self) -> Report:
+        """Every job's latest counts added up, with the failures kept so far."""
+        merged = Report(self.contract, self.variant, self.report.targets)
+        for s in self.states:
+            if s.snapshot is not None:
+                merged.add_counters(s.snapshot[1])
+        merged.failures = self.report.failures
+        return merged
+
+    def _handle(self, msg: JobMessage) -> None:
+        s = self.states[msg.job]
+        s.last_message = time.monotonic()
+        match msg:
+            case JobProgress(snapshot=snap):
+                s.snapshot = self._history(msg.job, snap)
+            case JobFound(failure=payload, snapshot=snap):
+                s.snapshot = self._history(msg.job, snap)
+                self._add(pickle.loads(payload), msg.job)
+            case JobRepeat(signature=sig, snapshot=snap):
+                s.snapshot = self._history(msg.job, snap)
+                kept = self._kept.get(sig)
+                if kept is not None:
+                    kept.count += 1
+            case JobFault(detail=detail):
+                s.fault = detail
+            case JobDone(snapshot=snap, summary=summary):
+                s.snapshot, s.summary, s.done = self._history(msg.job, snap), summary, True
+            case JobEnvironment(detail=detail):
+                raise EnvironmentFailure(detail)
+            case JobFailed(traceback=tb):
+                raise JobError(f"campaign job {msg.job} failed:\n{tb}")
+            case _:
+                raise JobError(f"campaign job {msg.job} sent an unknown message: {msg!r}")
+
+    def _history(self, job: int, snap: Snapshot) -> Snapshot:
+        """``snap``, its history records moved into the report's (tagged with the job)."""
+        self.report.history.extend({**rec, "job": job} for rec in snap[1].pop("history", ()))
+        return snap
+
+    def _add(self, failure: Failure, job: int | None = None) -> None:
+        if job is not None and failure.found_example is not None:
+            # the job numbered its own examples: add those the other jobs had run by then
+            failure.found_example += sum(s.snapshot[1]["examples"] for s in self.states
+                                         if s.spec.index != job and s.snapshot is not None)
+        sig = failure.signature  # as found: minimizing it later must not change its key
+        kept = self._kept.get(sig)
+        if kept is not None:
+            kept.count += failure.count
+            if failure.found_seconds is not None and (
+                    kept.found_seconds is None or failure.found_seconds < kept.found_seconds):
+                kept.found_seconds, kept.found_example = (failure.found_seconds,
+                                                          failure.found_example)
+            return
+        self._kept[sig] = failure
+        self.report.failures.append(failure)
+        if self.on_found is not None:
+            self.on_found(failure)
+        if len(self.report.failures) >= self.options.max_failures:
+            self.stop.set()
+
+    # ------------------------------------------------------------------ watching
+
+    def _watch(self, s: _JobState) -> None:
+        r = s.record
+        now = time.monotonic()
+        calling = r[STATE] in (CALLING, FAULTED, JUDGING)
+        limit = min(self.timeout, r[LIMIT]) if r[LIMIT] > 0 else self.timeout
+        if r[STATE] == CALLING and now - r[SINCE] > limit and s.proc.is_alive():
+            s.proc.kill()
+            s.proc.join(timeout=10)
+            self._drain(0.0)
+            self.hang_limits.append(limit)
+            how = "" if limit >= self.timeout else (
+                f" (the calibrated per-call timeout; --timeout {self.timeout:g} s is its "
+                "ceiling)")
+            self._restart(s, "timeout", "no-return", f"did not return within {limit:.3g} s{how}")
+            return
+        if s.proc.is_alive():
+            if not calling and now - s.last_message > STALL_SECONDS:
+                s.proc.kill()
+                raise JobError(f"campaign job {s.spec.index} stalled for {STALL_SECONDS:g} s "
+                               "outside any target call (the fuzzer's own failure)")
+            return
+        s.proc.join(timeout=5)
+        self._drain(0.0)  # its last messages ("done", "fault") may still be queued
+        if s.done:
+            return
+        ended = how_it_ended(s.proc.exitcode)
+        if not self.isolate:
+            raise JobError(f"campaign job {s.spec.index} died ({ended}); without isolation a "
+                           "crash ends the campaign")
+        if not calling:
+            raise JobError(f"campaign job {s.spec.index} died outside a target call "
+                           f"({ended}): the fuzzer's own failure")
+        if r[STATE] == FAULTED or s.fault:
+            self._restart(s, "crash", "device-fault", f"the device faulted: {s.fault}")
+        elif r[STATE] == JUDGING:
+            self._restart(s, "crash", "process-died",
+                          f"the process died after the target returned, while its results "
+                          f"were judged ({ended}); memory corrupted?")
+        else:
+            self._restart(s, "crash", "process-died",
+                          f"the process running the target died ({ended})")
+
+    def _restart(self, s: _JobState, kind: str, what: str, detail: str) -> None:
+        """Record the hard fault at the job's flight position and start the job again from
+        its last progress message."""
+        r = s.record
+        pos: Position = (int(r[ROUND]), int(r[ARM]), int(r[EXAMPLE]))
+        target = int(r[TARGET])
+        verdict = Verdict(kind, what, detail)  # type: ignore[arg-type]
+        resume = s.snapshot if s.snapshot is not None and s.snapshot[0] <= pos else None
+        start = resume[0] if resume is not None else (0, 0, 0)
+        hard = {p: h for p, h in s.spec.hard.items() if p >= start}
+        hard[pos] = (target, verdict)
+        s.restarts += 1
+        self.restarts += 1
+        seen = frozenset(self._kept)
+        spec = Job(**{**s.spec.__dict__, "resume": resume, "hard": hard, "seen": seen})
+        self._start(spec, s)
+
+
+def minimize_failures(contract: Any, failures: list[Failure], *, device: str,
+                      timeout: float, shrink_seconds: float, workers: int = 1,
+                      messages: str = "exact", strict: bool = False) -> None:
+    """Minimize each distinct failure in place, its candidates judged in an isolated worker
+    (a crash is minimized too, within ``shrink_seconds``; hangs, flaky failures and peer
+    disagreements are kept as found)."""
+    def one(f: Failure) -> None:
+        if not (minimizable(f.verdict) or f.verdict.kind == "crash") or " vs " in f.target:
+            return
+        with IsolatedTarget(contract, f.target, timeout=timeout, device=device,
+                            messages=messages, strict=strict) as iso:
+            f.original = f.case
+            f.case, f.verdict = minimize_with_verdict(
+                contract, f.case, None, f.verdict, run=iso.run, seconds=shrink_seconds)
+
+    todo = [f for f in failures if f.verdict.kind not in ("timeout", "flaky")]
+    if not todo:
+        return
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(todo)))) as pool:
+        for fut in [pool.submit(one, f) for f in todo]:
+            fut.result()
+
+
+__all__ = ["JobError", "Supervisor", "auto_jobs", "claim_device", "device_for",
+           "minimize_failures"]

@@ -1,0 +1,176 @@
+"""Calibrated per-call timeouts, as AFL derives its hang timeout from measured runs.
+
+A supervised job times every target call it makes and, before each call, sets the limit
+the supervisor enforces for it (``parallel``'s flight record):
+
+* a call of a layout whose shapes the target has run before in this process:
+  ``MULTIPLE`` times the slowest call seen of its size class (the bit length of the
+  case's tensor elements; else the nearest smaller class seen, scaled up by the size
+  ratio);
+* the first call of a new shape (a shape-specialising kernel compiles): ``MULTIPLE``
+  times the slowest such first call seen, and at least the above;
+* the first call of a process (a restarted job: imports, caches, compiles again):
+  ``MULTIPLE`` times the slowest first call of a process seen, and at least the above;
+* before any call has returned: the ceiling (``--timeout``);
+
+never below ``FLOOR`` seconds nor above the ceiling. What was learned lives in a plain
+array of floats (the job's shared flight record), so it survives the job's restarts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import MutableSequence
+from typing import Any
+
+from kda_fuzz.engine.case import Case
+
+FLOOR = 2.0  # seconds: no call is a hang before this (a loaded machine, a GC pause)
+MULTIPLE = 10.0  # the limit is this many times the slowest comparable call seen
+CLASSES = 64  # size classes: bit lengths of a case's tensor element count
+# floats per target: slowest first call of a process, of a new shape, then per size class
+WARM, COMPILE, SLOTS = 0, 1, 2 + CLASSES
+
+
+def size_class(case: Case) -> int:
+    """The bit length of the number of elements of the case's tensor arguments (views)."""
+    total = sum(math.prod(t.shape) for t in case.tensors.values())
+    return min(CLASSES - 1, int(total).bit_length())
+
+
+def shape_key(case: Case) -> tuple[Any, ...]:
+    """What a shape-specialising kernel may compile for: every tensor's shape and dtype,
+    which strides are 1 and which are multiples of 16, and which scalars are ``None``."""
+    return (tuple((n, t.shape, str(t.dtype), tuple((s == 1, s % 16 == 0) for s in t.stride))
+                  for n, t in sorted(case.tensors.items())),
+            tuple(sorted((n, v is None) for n, v in case.scalars.items())))
+
+
+def store_size(targets: int) -> int:
+    """Floats of calibration store that ``targets`` targets need."""
+    return SLOTS * max(1, targets)
+
+
+class Calibration:
+    """Per-call time limits of a job's targets, learned from their call times.
+
+    ``store`` holds what was measured (``store_size(targets)`` floats, zero at first; kept
+    by the caller across processes); which shapes this process has run is its own."""
+
+    def __init__(self, store: MutableSequence[float], targets: int, ceiling: float, *,
+                 floor: float = FLOOR, multiple: float = MULTIPLE, offset: int = 0) -> None:
+        if len(store) < offset + store_size(targets):
+            raise ValueError(f"a calibration store of {targets} targets needs "
+                             f"{store_size(targets)} floats from {offset}, got {len(store)}")
+        self.store = _Slice(store, offset) if offset else store
+        self.targets, self.ceiling = targets, ceiling
+        self.floor, self.multiple = min(floor, ceiling), multiple
+        self._shapes: set[tuple[int, tuple[Any, ...]]] = set()
+        self.largest = 0.0  # the largest limit set by this process, for its summary
+
+    def _slowest(self, target: int, cls: int) -> float:
+        """The slowest call of class ``cls``, else of the nearest smaller class seen scaled
+        up by the size ratio (0: nothing comparable seen)."""
+        base = target * SLOTS + 2
+        for c in range(cls, -1, -1):
+            if self.store[base + c] > 0:
+                return self.store[base + c] * 2.0 ** (cls - c)
+        return 0.0
+
+    def limit(self, target: int, case: Case) -> float:
+        """Seconds the call of ``target`` (its index) on ``case`` may take."""
+        base = target * SLOTS
+        warm, compile_ = self.store[base + WARM], self.store[base + COMPILE]
+        if warm <= 0:
+            return self.ceiling  # nothing has returned yet: anything may be a compile
+        expect = self._slowest(target, size_class(case))
+        if not any(t == target for t, _ in self._shapes):
+            expect = max(expect, warm, compile_)
+        elif (target, shape_key(case)) not in self._shapes or expect <= 0:
+            expect = max(expect, compile_ or warm)
+        out = min(self.ceiling, max(self.floor, self.multiple * expect))
+        self.largest = max(self.largest, out)
+        return out
+
+    def observe(self, target: int, case: Case, seconds: float) -> None:
+        """A call of ``target`` on ``case`` returned (or raised) after ``seconds``."""
+        key = (target, shape_key(case))
+        base = target * SLOTS
+        seconds = max(seconds, 1e-9)
+        if not any(t == target for t, _ in self._shapes):
+            cell = base + WARM
+        elif key not in self._shapes:
+            cell = base + COMPILE
+        else:
+            cell = base + 2 + size_class(case)
+        self._shapes.add(key)
+        self.store[cell] = max(self.store[cell], seconds)
+
+    def in_force(self, target: int) -> float:
+        """The limit now set for a call of a shape already run in the largest class seen
+        (the ceiling before any call returned)."""
+        base = target * SLOTS
+        if self.store[base + WARM] <= 0:
+            return self.ceiling
+        seen = [c for c in range(CLASSES) if self.store[base + 2 + c] > 0]
+        expect = self.store[base + 2 + seen[-1]] if seen else (
+            self.store[base + COMPILE] or self.store[base + WARM])
+        return min(self.ceiling, max(self.floor, self.multiple * expect))
+
+
+class _Slice:
+    """``store[offset:]`` as a writable view (a shared array's slice is a copy)."""
+
+    def __init__(self, store: MutableSequence[float], offset: int) -> None:
+        self.base, self.offset = store, offset
+
+    def __getitem__(self, i: int) -> float:
+        return self.base[self.offset + i]
+
+    def __setitem__(self, i: int, value: float) -> None:
+        self.base[self.offset + i] = value
+
+    def __len__(self) -> int:
+        return len(self.base) - self.offset
+
+
+def merged(stores: list[MutableSequence[float]], targets: int, offset: int = 0) -> list[float]:
+    """The cell-wise largest of several jobs' stores (what any of them measured)."""
+    n = store_size(targets)
+    return [max((s[offset + i] for s in stores), default=0.0) for i in range(n)]
+
+
+def describe(store: MutableSequence[float], targets: list[str], ceiling: float, *,
+             floor: float = FLOOR, multiple: float = MULTIPLE) -> dict[str, Any]:
+    """The policy and, per target, what it measured and the limit in force (JSON)."""
+    cal = Calibration(store, len(targets), ceiling, floor=floor, multiple=multiple)
+    store = cal.store
+    per: dict[str, Any] = {}
+    for i, name in enumerate(targets):
+        base = i * SLOTS
+        classes = [store[base + 2 + c] for c in range(CLASSES) if store[base + 2 + c] > 0]
+
+        def seconds(x: float) -> float | None:
+            return round(x, 4) if x > 0 else None
+
+        per[name] = {
+            "in_force_seconds": round(cal.in_force(i), 3),
+            "slowest_first_call_of_a_process_seconds": seconds(store[base + WARM]),
+            "slowest_first_call_of_a_shape_seconds": seconds(store[base + COMPILE]),
+            "slowest_call_seconds": seconds(max(classes, default=0.0)),
+        }
+    return {"policy": f"{multiple:g}x the slowest call of its size class (of a first call "
+                      f"for a new shape or process), at least {floor:g} s, at most --timeout",
+            "ceiling_seconds": ceiling, "floor_seconds": min(floor, ceiling),
+            "multiple": multiple, "targets": per}
+
+
+def note(summary: dict[str, Any]) -> str:
+    """One summary line: the timeout in force per target."""
+    parts = [f"{name} {t['in_force_seconds']:g} s" for name, t in summary["targets"].items()]
+    return (f"calibrated per-call timeout ({summary['policy']}): in force at the end: "
+            + ", ".join(parts))
+
+
+__all__ = ["CLASSES", "FLOOR", "MULTIPLE", "Calibration", "describe", "merged", "note",
+           "shape_key", "size_class", "store_size"]

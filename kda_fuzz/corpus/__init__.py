@@ -1,0 +1,2 @@
+"""The corpus: the file format, saving, loading and replaying entries, merging folders.
+"""

@@ -1,0 +1,335 @@
+"""The one replay path: a corpus entry replayed against a target choice, as a typed record.
+
+``kda-fuzz replay``, the pytest corpus items, ``kda-fuzz merge`` (its stale rule) and the
+example database all go through :func:`replay`; they differ only in how they format its
+:class:`ReplayRecord` and in which targets they choose (:func:`kda_fuzz.config.choose_targets`).
+
+An entry is replayed under its own contract family and variant unless the caller names
+others: a family that differs is an error (the case cannot be called with another
+family's arguments); a variant that differs judges the case under it (the variant
+describes the targets), and the stale rule then does not apply. An entry is stale when
+what the contract prescribes for its case now differs from what the entry recorded
+(:func:`kda_fuzz.corpus.store.stale_reason`): nothing is run then.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from kda_fuzz.corpus.store import (
+    HARD_TIMEOUT,
+    CorpusError,
+    _jsonable,
+    corpus_files,
+    load_case,
+    parse_case,
+    passed,
+    replay_entry,
+    stale_reason,
+)
+from kda_fuzz.engine.case import Case
+from kda_fuzz.engine.contract import Contract
+from kda_fuzz.engine.oracle import EnvironmentFailure, Outcome
+from kda_fuzz.engine.targets import Target, TargetChoice, TargetError, load_target, recorded_targets
+from kda_fuzz.engine.verdict import Verdict
+from kda_fuzz.families import get_contract
+
+Status = Literal["PASS", "FAIL", "STALE", "ERROR", "READY"]
+#: how an entry's case is run: (contract, case, kind, targets) -> (target name, outcome)
+Runner = Callable[[Contract, Case, str, Sequence[Target]], list[tuple[str, Outcome]]]
+#: the targets of a family and variant: a choice of specs (loaded here) or loaded targets
+Chooser = Callable[[str, str], "TargetChoice | Sequence[Target]"]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A loaded corpus entry: ``name`` is its path (or a database entry's name)."""
+
+    name: str
+    case: Case
+    verdict: Verdict | None
+    meta: dict[str, Any]
+
+    @property
+    def kind(self) -> str:
+        return str(self.meta["kind"])
+
+
+def load_entry(source: str | os.PathLike[str] | bytes, name: str | None = None) -> Entry:
+    """A corpus file (a path), or a corpus document held in memory (``bytes``, named
+    ``name``); raises :class:`~kda_fuzz.corpus.store.CorpusError` for a bad one."""
+    if isinstance(source, bytes):
+        label = name or "<entry>"
+        case, verdict, meta = parse_case(source, label)
+        return Entry(label, case, verdict, meta)
+    case, verdict, meta = load_case(source)
+    return Entry(str(source), case, verdict, meta)
+
+
+@dataclass(frozen=True)
+class TargetResult:
+    """One target's outcome on a replayed entry."""
+
+    target: str
+    outcome: Outcome
+    same_as_recorded: bool = False
+
+    @property
+    def failed(self) -> bool:
+        return not passed(self.outcome)
+
+    def summary(self) -> str:
+        """``[kind] what: detail`` of the failure (the whole detail), or the status."""
+        v = self.outcome.verdict
+        return v.summary() if v is not None else self.outcome.status
+
+    def to_json(self) -> dict[str, Any]:
+        r: dict[str, Any] = {"target": self.target, "status": self.outcome.status}
+        if self.outcome.verdict is not None:
+            r["verdict"] = _jsonable(self.outcome.verdict.to_json())
+            r["same_as_recorded"] = self.same_as_recorded
+        if self.outcome.note:
+            r["note"] = self.outcome.note
+        return r
+
+
+@dataclass
+class ReplayRecord:
+    """What replaying one entry found.
+
+    ``status``: READY (loaded, not stale, nothing run yet: :func:`check_entry`), PASS
+    (every target does what the contract prescribes), FAIL, STALE (``reason`` says how
+    the contract changed; nothing was run) or ERROR (``reason``: a bad file, another
+    family, targets that cannot be loaded or none chosen (``choice`` with no specs), or
+    the oracle's own failure)."""
+
+    path: str
+    status: Status
+    entry: Entry | None = None
+    variant: str | None = None
+    results: list[TargetResult] = field(default_factory=list)
+    reason: str = ""
+    note: str = ""  # recorded against another target than those replayed
+    choice: TargetChoice | None = None
+
+    @property
+    def failures(self) -> list[TargetResult]:
+        return [r for r in self.results if r.failed]
+
+    @property
+    def family(self) -> str | None:
+        return self.entry.case.contract if self.entry else None
+
+    @property
+    def file_variant(self) -> str | None:
+        return self.entry.case.variant if self.entry else None
+
+    def failure_line(self, width: int | None = None) -> str:
+        """``target: [kind] what: detail (same failure as recorded)`` per failing target,
+        joined; ``width`` cuts each detail at a word boundary (``None``: whole)."""
+        parts = []
+        for r in self.failures:
+            text = r.summary() if width is None else shorten(r.summary(), width)
+            parts.append(f"{r.target}: {text}"
+                         + (" (same failure as recorded)" if r.same_as_recorded else ""))
+        return "; ".join(parts)
+
+    def headline(self) -> str:
+        """The failure in a few words: ``kind/what on target`` for each failing target."""
+        return "; ".join(
+            f"{r.outcome.verdict.kind}/{r.outcome.verdict.what} on {r.target}"
+            if r.outcome.verdict is not None else f"{r.outcome.status} on {r.target}"
+            for r in self.failures)
+
+    def to_json(self) -> dict[str, Any]:
+        rec: dict[str, Any] = {"path": self.path, "status": self.status,
+                               "results": [r.to_json() for r in self.results]}
+        if self.entry is not None:
+            rec.update(kind=self.entry.kind, description=self.entry.meta["description"],
+                       family=self.family, file_variant=self.file_variant)
+        if self.variant is not None:
+            rec["variant"] = self.variant
+        if self.status == "ERROR":
+            rec["error"] = self.reason
+        elif self.status in ("FAIL", "STALE"):
+            rec["reason"] = self.reason if self.status == "STALE" else self.failure_line()
+        if self.note:
+            rec["note"] = self.note
+        if self.choice is not None:
+            rec["targets_from"] = self.choice.source
+        return rec
+
+
+def shorten(text: str, width: int) -> str:
+    """``text`` on one line, cut at a word boundary to at most ``width`` characters."""
+    text = " ".join(text.split())
+    if len(text) <= width:
+        return text
+    cut = text[: width - 4].rsplit(" ", 1)[0]
+    return cut + " ..."
+
+
+def check_entry(entry: Entry | str | os.PathLike[str], *, family: str | None = None,
+                variant: str | None = None) -> ReplayRecord:
+    """The first stage of :func:`replay`, nothing run: ERROR (a bad file, another family),
+    STALE (the one stale rule, when judged under the entry's own variant) or READY."""
+    if not isinstance(entry, Entry):
+        try:
+            entry = load_entry(entry)
+        except CorpusError as e:
+            return ReplayRecord(str(e.path), "ERROR", reason=e.reason)
+    rec = ReplayRecord(entry.name, "ERROR", entry)
+    case = entry.case
+    if family is not None and family != case.contract:
+        rec.reason = (f"file is for contract family {case.contract!r}, replaying "
+                      f"{family!r}")
+        return rec
+    try:
+        contract = get_contract(case.contract)
+    except ValueError as e:
+        rec.reason = str(e)
+        return rec
+    rec.variant = variant or case.variant
+    if rec.variant == case.variant:
+        try:
+            stale = stale_reason(contract, case, entry.meta["expected"])
+        except Exception as e:  # the contract cannot even say what it expects of the case
+            rec.reason = f"{type(e).__name__}: {e}"
+            return rec
+        if stale is not None:
+            rec.status, rec.reason = "STALE", stale
+            return rec
+    rec.status = "READY"
+    return rec
+
+
+def replay(entry: Entry | str | os.PathLike[str],
+           targets: Sequence[Target] | Chooser | None = None, *,
+           family: str | None = None, variant: str | None = None, device: str = "cpu",
+           timeout: float = HARD_TIMEOUT, run: Runner | None = None) -> ReplayRecord:
+    """Replay ``entry`` (a corpus file's path or a loaded :class:`Entry`).
+
+    ``targets``: loaded targets, or a function of the entry's family and variant giving
+    a :class:`~kda_fuzz.engine.targets.TargetChoice` (its specs are loaded here) or targets, or
+    ``None`` for the contract's own kernels. ``family``/``variant``: replay under these
+    rather than the entry's own. ``run``: how the case is run (default: by its kind,
+    :func:`kda_fuzz.corpus.store.replay_entry`)."""
+    rec = check_entry(entry, family=family, variant=variant)
+    if rec.status != "READY":
+        return rec
+    assert rec.entry is not None and rec.variant is not None
+    entry, use = rec.entry, rec.variant
+    rec.status = "ERROR"
+    contract = get_contract(entry.case.contract)
+    case = entry.case if use == entry.case.variant else Case(
+        entry.case.contract, use, entry.case.tensors, entry.case.scalars, entry.case.intent,
+        entry.case.notes)
+    picked: Any = (TargetChoice(tuple(contract.default_targets.get(use, ())), "default")
+                   if targets is None else targets(case.contract, use) if callable(targets)
+                   else list(targets))
+    rec.choice = picked if isinstance(picked, TargetChoice) else None
+    try:
+        chosen = ([load_target(s) for s in picked.specs] if rec.choice is not None
+                  else list(picked))
+    except TargetError as e:
+        rec.reason = f"cannot load the targets: {e}"
+        return rec
+    if not chosen:
+        rec.reason = f"no replay target for the {case.contract}/{use} variant"
+        return rec
+    recorded = recorded_targets(entry.meta.get("origin"))
+    if recorded and not any(t.name in recorded for t in chosen):
+        rec.note = (f"recorded on {' vs '.join(recorded)}, replayed against "
+                    f"{', '.join(t.name for t in chosen)}")
+    try:
+        if run is None:
+            outcomes = replay_entry(contract, case, entry.kind, chosen, device=device,
+                                    timeout=timeout)
+        else:
+            outcomes = run(contract, case, entry.kind, chosen)
+    except EnvironmentFailure:  # the machinery's, not the entry's: the caller's to report
+        raise
+    except Exception as e:  # the oracle itself failed on this entry
+        rec.reason = f"oracle error: {type(e).__name__}: {e}"
+        return rec
+    rec.results = [TargetResult(name, o, bool(entry.verdict is not None and o.verdict is not None
+                                              and entry.verdict.same_failure(o.verdict)))
+                   for name, o in outcomes]
+    rec.status = "FAIL" if rec.failures else "PASS"
+    return rec
+
+
+DETAIL_WIDTH = 240  # characters of a failure's detail ``kda-fuzz replay`` prints per target
+
+
+def replay_paths(paths: Sequence[str], targets: Sequence[Target] | Chooser | None = None,
+                   *, family: str | None = None, variant: str | None = None,
+                   device: str = "cpu", as_json: bool = False, timeout: float = HARD_TIMEOUT,
+                   verbose: bool = False) -> int:
+    """``kda-fuzz replay``: 0 when every file passes, 1 on any failure, stale or bad file,
+    2 on usage errors (a path that does not exist, no corpus file found). Details are cut
+    at a word boundary unless ``verbose``."""
+    try:
+        files = corpus_files(paths)
+    except FileNotFoundError as e:
+        print(f"kda-fuzz: error: {e}", file=sys.stderr)
+        return 2
+    if not files:
+        print(f"kda-fuzz: error: no *.json corpus file under {', '.join(map(str, paths))}",
+              file=sys.stderr)
+        return 2
+    records = []
+    width = None if verbose else DETAIL_WIDTH
+    for path in files:
+        rec = replay(path, targets, family=family, variant=variant, device=device,
+                     timeout=timeout)
+        records.append(rec)
+        if rec.entry is not None and rec.variant not in (None, rec.file_variant):
+            print(f"note: {path} was recorded for the {rec.file_variant} variant; judging it "
+                  f"under {rec.variant} (--contract)", file=sys.stderr)
+        if as_json:
+            continue
+        if rec.status == "PASS":
+            names = ", ".join(r.target for r in rec.results)
+            extra = "; ".join(f"{r.target}: {r.outcome.status}" for r in rec.results
+                              if r.outcome.status != "pass")
+            print(f"PASS  {path}  [{rec.family}/{rec.variant}; {names}]"
+                  + (f" ({extra})" if extra else "")
+                  + (f"\n      note: {rec.note}" if rec.note else ""))
+        elif rec.status == "FAIL":
+            line = rec.failure_line(width)
+            print(f"FAIL  {path}  [{rec.family}/{rec.variant}] {line}"
+                  + (f"\n      note: {rec.note}" if rec.note else ""))
+        else:
+            print(f"{rec.status:<5} {path}  {rec.reason}")
+    cut = not verbose and any(rec.failure_line() != rec.failure_line(width) for rec in records)
+    counts = {s: sum(r.status == s for r in records) for s in ("PASS", "FAIL", "STALE", "ERROR")}
+    code = 0 if counts["PASS"] == len(records) else 1
+    if as_json:
+        print(json.dumps({"files": [r.to_json() for r in records], "passed": counts["PASS"],
+                          "failed": counts["FAIL"], "stale": counts["STALE"],
+                          "errors": counts["ERROR"], "device": device, "exit_code": code},
+                         sort_keys=True, allow_nan=False))
+    else:
+        stale = f", {counts['STALE']} stale" if counts["STALE"] else ""
+        print(f"replayed {len(records)} file(s): {counts['PASS']} passed, {counts['FAIL']} "
+              f"failed{stale}, {counts['ERROR']} bad"
+              + ("; details cut at a word boundary: --verbose shows them whole" if cut else ""))
+    return code
+
+
+def replay_command(contract: Contract | None, variant: str | None,
+                   targets: Sequence[Target] | Callable[[str], Sequence[Target]] | None,
+                   paths: Sequence[str], *, device: str = "cpu", as_json: bool = False,
+                   timeout: float = HARD_TIMEOUT) -> int:
+    """:func:`replay_paths` under the signature ``kda_fuzz.corpus.store.replay_command`` had:
+    ``contract`` ``None`` replays each file under its own family; ``targets`` a function
+    of the variant, loaded targets, or ``None`` (the contract's own kernels)."""
+    chooser: Any = (lambda _family, v: targets(v)) if callable(targets) else targets
+    return replay_paths(paths, chooser, family=contract.name if contract is not None else None,
+                        variant=variant, device=device, as_json=as_json, timeout=timeout)

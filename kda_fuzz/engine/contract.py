@@ -1,0 +1,288 @@
+"""The declarative contract engine: ordered checks, their messages, and expectations."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+
+if TYPE_CHECKING:  # annotations only: hypothesis and the case/verdict types
+    from hypothesis.strategies import SearchStrategy
+
+    from kda_fuzz.engine.case import Case
+    from kda_fuzz.engine.shrink import Move, ShrinkContext
+    from kda_fuzz.engine.verdict import Verdict
+
+
+class Namespace(dict):
+    """Call arguments plus lazily derived values (``B``, ``HV``...) for checks and messages."""
+
+    def __init__(self, args: Mapping[str, Any], derived: Mapping[str, Callable[[Namespace], Any]]):
+        super().__init__(args)
+        self._derived = derived
+
+    def __missing__(self, key: str) -> Any:
+        fn = self._derived.get(key)
+        if fn is None:
+            raise KeyError(key)
+        value = self[key] = fn(self)
+        return value
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return self[key]
+        except KeyError as e:
+            raise AttributeError(key) from e
+
+
+@dataclass(frozen=True)
+class Check:
+    """One validation rule: ``fails(ns)`` true means the call must raise ``message``
+    (``None``: a check the contract does not word; any instance of its exception)."""
+
+    number: int
+    fails: Callable[[Namespace], bool]
+    message: str | None
+    variants: frozenset[str] | None = None  # None: in every variant
+
+    def render(self, ns: Namespace) -> str | None:
+        return None if self.message is None else self.message.format_map(ns)
+
+    def applies(self, variant: str) -> bool:
+        return self.variants is None or variant in self.variants
+
+
+@dataclass(frozen=True)
+class Hole:
+    """A layout the published checks let through or crash on, that must still be rejected.
+
+    When ``applies(ns)`` holds and no check up to ``after`` fails, any instance of the
+    contract's exception is the expected outcome (the message is not pinned).
+    """
+
+    name: str
+    applies: Callable[[Namespace], bool]
+    after: int
+
+
+class Unjudgeable(Exception):
+    """The oracle cannot compare numbers on this case (e.g. the result overflows its dtype)."""
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """What a correct implementation does with a layout."""
+
+    ok: bool
+    check: int | None = None
+    message: str | None = None  # None with ok=False: any message
+    hole: str | None = None
+
+    def describe(self) -> str:
+        if self.ok:
+            return "accepts the layout"
+        if self.message is None and self.hole is None:
+            return f"raises ValueError from check {self.check} (any message: not worded)"
+        if self.message is None:
+            return f"raises ValueError (any message; contract hole: {self.hole})"
+        return f"raises ValueError from check {self.check}: {self.message}"
+
+
+# ----------------------------------------------------------------- family hooks
+#
+# Everything the engine needs to know about a kernel family beyond its checks is
+# declared on its Contract through the fixed signatures below (as every sample-input
+# function of a PyTorch OpInfo has one signature): the engine holds no family names.
+
+
+class ValidCases(Protocol):
+    """Valid cases of a variant. The runner passes only the keywords it sets; the family
+    chooses the defaults. ``budget``: state elements touched per case; ``max_b``: batch
+    rows; ``bucket``: round the batch up to a few sizes with padding rows; ``family``: a
+    compile family from :attr:`Contract.families`; ``max_bhv``: programs (rows x heads);
+    ``pins``: fields of the layout fixed to a value, a list of values or a strategy (the
+    family names its fields and raises ``ValueError`` for unknown ones)."""
+
+    def __call__(self, variant: str, *, device: str = ..., budget: int = ...,
+                 max_b: int = ..., bucket: bool = ..., family: Any = ...,
+                 max_bhv: int | None = ..., pins: Mapping[str, Any] | None = ...
+                 ) -> SearchStrategy[Case]: ...
+
+
+class BrokenCases(Protocol):
+    """Broken cases of a variant: the breakages named by ``only`` (one arm of
+    :attr:`Contract.broken_arms`), else a random mix."""
+
+    def __call__(self, variant: str, *, device: str = ...,
+                 only: tuple[str, ...] | str | None = ...,
+                 pins: Mapping[str, Any] | None = ...) -> SearchStrategy[Case]: ...
+
+
+class Judge(Protocol):
+    """The oracle of an accepted call: ``before``/``after`` are the bases around the call,
+    ``kwargs`` the views passed; ``budget`` (when given) is filled with the error budget
+    used. Returns the first broken rule, or None; raises :class:`Unjudgeable`."""
+
+    def __call__(self, case: Case, kwargs: dict[str, Any], before: dict[str, torch.Tensor],
+                 after: dict[str, torch.Tensor], result: Any,
+                 budget: dict[str, float] | None = None) -> Verdict | None: ...
+
+
+class Execution(Protocol):
+    """How a family's kernels run without a GPU."""
+
+    def configure_cpu(self) -> Any:
+        """Set up CPU execution (interpreters, hooks) before kernels are imported."""
+
+    def environment_error(self, exc: BaseException) -> str | None:
+        """Why ``exc`` is a failure of the execution machinery, not of the target."""
+
+
+class Shrinker(Protocol):
+    """A family's moves for the minimizer (:mod:`kda_fuzz.campaign.minimize`), which adds its own
+    (dtypes, strides, guard cells) and tries them all, biggest predicted savings first."""
+
+    def structure(self, case: Case, hint: Verdict | None,
+                  ctx: ShrinkContext) -> Iterable[Move]:
+        """Smaller layouts (rows, heads, head dims...); ``hint`` is the failure's verdict
+        (its ``where`` points at the failing element)."""
+
+    def scalars(self, case: Case, ctx: ShrinkContext) -> Iterable[Move]:
+        """Simpler scalar arguments (flags off, plain values)."""
+
+    def values(self, case: Case, ctx: ShrinkContext) -> Iterable[Move]:
+        """Simpler tensor values (zeros, ones, rounded)."""
+
+    def rows(self, case: Case) -> int | None:
+        """The batch size a minimized case's notes record (None: none)."""
+
+
+@dataclass(frozen=True)
+class ModuleExecution:
+    """An :class:`Execution` whose functions live in ``module`` (imported on first use,
+    so that a contract can be loaded without importing its kernels)."""
+
+    module: str
+
+    def configure_cpu(self) -> Any:
+        return importlib.import_module(self.module).configure_cpu()
+
+    def environment_error(self, exc: BaseException) -> str | None:
+        try:
+            mod = importlib.import_module(self.module)
+        except ImportError:
+            return None
+        return mod.environment_error(exc)
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """Default layout sizes of a family's campaigns: on CUDA, and for its own kernels on
+    CPU, which run interpreted (``budget``: state elements per case; ``max_bhv``:
+    programs, rows x heads)."""
+
+    cuda_budget: int = 1 << 24
+    cuda_max_b: int = 16384
+    interpreted_budget: int = 1 << 13
+    interpreted_max_b: int = 64
+    interpreted_max_bhv: int = 32
+
+
+@dataclass(frozen=True)
+class ScaleStratum:
+    """A family's GPU-scale stratum: ``cases(variant, device, budget_bytes)`` is a
+    strategy, or None when nothing fits; ``device_budget(device, jobs)`` the bytes per
+    case a device has room for."""
+
+    cases: Callable[[str, str, int], SearchStrategy[Case] | None]
+    device_budget: Callable[[str, int], int]
+
+
+ScalarKind = str  # "float" (finite), "float?" (null or finite), "bool"
+
+
+@dataclass(frozen=True)
+class Contract:
+    """A kernel family's contract as data.
+
+    ``signature`` lists the entry point's parameters in order. ``judge`` is the
+    differential oracle for accepted layouts; ``valid_cases(variant, **kw)`` and
+    ``broken_cases(variant, only=names, **kw)`` are Hypothesis strategies, the latter
+    with the breakages of one of ``broken_arms(variant)`` or, without ``only``, a mix.
+
+    Family hooks: ``scalars`` (the scalar arguments and their kinds, for corpus files),
+    ``default_targets`` (the project's kernels per variant), ``reference_target``,
+    ``execution``, ``sizing``, ``shrinker``, ``summarize`` (a case in one line),
+    ``sizes`` (a case's named sizes for descriptions), ``probe(rows, width, variant)``
+    (calibration cases), ``scale``, ``judge_budget`` (the judge fills an error budget)
+    ``status`` (notes for a campaign's summary on the family's own machinery, e.g. a
+    fast path that turned itself off) and ``aims`` (the check each breakage of a variant
+    aims at, for :func:`kda_fuzz.strategies.broken_layouts`) and ``restrict`` (the pins
+    that leave out features a target declares it does not support).
+    """
+
+    name: str
+    signature: tuple[str, ...]
+    variants: tuple[str, ...]
+    checks: tuple[Check, ...]
+    derived: Mapping[str, Callable[[Namespace], Any]]
+    judge: Judge
+    valid_cases: ValidCases
+    broken_cases: BrokenCases
+    broken_arms: Callable[[str], list[tuple[str, tuple[str, ...]]]]
+    holes: tuple[Hole, ...] = ()
+    families: Callable[..., list[Any]] | None = None  # compile families for valid_cases
+    cross_judge: Callable[..., Any] | None = None  # peer mode: two targets' outputs agree
+    exception: type[Exception] = ValueError
+    doc: str = ""
+    scalars: Mapping[str, ScalarKind] = field(default_factory=dict)
+    default_targets: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    reference_target: str | None = None
+    execution: Execution | None = None
+    sizing: Sizing = Sizing()
+    shrinker: Shrinker | None = None
+    summarize: Callable[[Case], str] | None = None
+    sizes: Callable[[Case], dict[str, int]] | None = None
+    probe: Callable[[int, int, str], Case] | None = None
+    scale: ScaleStratum | None = None
+    judge_budget: bool = False
+    status: Callable[[], list[str]] | None = None
+    # breakage name -> the check it aims at (None: a semantic rule), per variant
+    aims: Callable[[str], Mapping[str, int | None]] | None = None
+    # pins (for valid_cases/broken_cases) that leave out what a target does not support
+    restrict: Callable[[Sequence[str], str], Mapping[str, Any]] | None = None
+
+    def checks_for(self, variant: str) -> tuple[Check, ...]:
+        self._require_variant(variant)
+        return tuple(c for c in self.checks if c.applies(variant))
+
+    def namespace(self, args: Mapping[str, Any]) -> Namespace:
+        return Namespace(args, self.derived)
+
+    def expect(self, args: Mapping[str, Any], variant: str) -> Expectation:
+        """The outcome the contract prescribes for a call with ``args``."""
+        ns = self.namespace(args)
+        holes = list(self.holes)
+        for c in (*self.checks_for(variant), None):
+            for hole in [h for h in holes if c is None or c.number > h.after]:
+                holes.remove(hole)  # every check up to hole.after passed
+                if hole.applies(ns):
+                    return Expectation(False, None, None, hole.name)
+            if c is not None and c.fails(ns):
+                return Expectation(False, c.number, c.render(ns))
+        return Expectation(True)
+
+    def _require_variant(self, variant: str) -> None:
+        if variant not in self.variants:
+            raise ValueError(
+                f"contract {self.name!r} has no variant {variant!r} "
+                f"(choose from {', '.join(self.variants)})"
+            )
+
+
+def shape(t: torch.Tensor) -> tuple[int, ...]:
+    """``tuple(t.shape)``, the way contract messages print shapes."""
+    return tuple(t.shape)

@@ -1,0 +1,239 @@
+"""Runs one case against a target and judges it with the contract and differential oracles."""
+
+from __future__ import annotations
+
+import contextlib
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from kda_fuzz.engine.case import Case
+from kda_fuzz.engine.contract import Contract, Expectation, Unjudgeable
+from kda_fuzz.engine.verdict import Verdict
+
+Status = Literal["pass", "fail", "gap", "skip"]
+Messages = Literal["exact", "class"]
+
+
+@dataclass
+class Outcome:
+    """The result of one case on one target.
+
+    ``wording``: under ``messages="class"``, a broken layout rejected with the right
+    exception type but other words: ``(check, expected, got)``."""
+
+    status: Status
+    expectation: Expectation
+    verdict: Verdict | None = None
+    note: str = ""
+    wording: tuple[int | None, str, str] | None = None
+    budget: dict[str, float] | None = None  # largest |got - ref| / bound per output/dtype
+    cpu_seconds: float | None = None  # the calling thread's CPU time (isolated runs)
+
+
+OUT_OF_MEMORY = "not judged: out of device memory"
+
+
+class EnvironmentFailure(Exception):
+    """The machinery that runs a target failed, not the target (an interpreter that cannot
+    execute a kernel on this device, a device that is gone): never a verdict."""
+
+
+def device_error(error: BaseException) -> bool:
+    """Whether ``error`` is the device's (a CUDA fault, sticky for the process): launches
+    are asynchronous, so a target's fault may surface in the judge's first read."""
+    accel = getattr(torch, "AcceleratorError", None)
+    return (accel is not None and isinstance(error, accel)) or (
+        isinstance(error, RuntimeError) and "CUDA error" in str(error))
+
+
+def _environment_cause(error: BaseException, case: Case, contract: Contract) -> str | None:
+    """Why ``error`` is the execution environment's rather than the target's, if it is."""
+    if any(t.device.type == "cuda" for t in case.tensors.values()):
+        return None
+    execution = contract.execution
+    return None if execution is None else execution.environment_error(error)
+
+
+def call_args(contract: Contract, kwargs: dict[str, Any]) -> list[Any]:
+    """Positional arguments in the contract's signature order."""
+    return [kwargs[name] for name in contract.signature]
+
+
+def expectation(contract: Contract, case: Case) -> Expectation:
+    """What the contract prescribes for ``case`` (no data is copied or touched)."""
+    args: dict[str, Any] = {n: t.view() for n, t in case.tensors.items()}
+    args.update(case.scalars)
+    return contract.expect(args, case.variant)
+
+
+def same_bits(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """Bit-for-bit equality (NaN-safe); meta tensors hold no bits and compare equal."""
+    if x.device.type == "meta":
+        return True
+    return torch.equal(x.view(torch.uint8), y.view(torch.uint8))
+
+
+def _mutated(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> list[str]:
+    """The names whose bases changed, read back once per device."""
+    by_device: dict[torch.device, list[str]] = {}
+    for n, t in before.items():
+        if t.device.type != "meta":
+            by_device.setdefault(t.device, []).append(n)
+    changed = []
+    for names in by_device.values():
+        same = torch.stack([(before[n].view(torch.uint8) == after[n].view(torch.uint8)).all()
+                            for n in names]).tolist()
+        changed += [n for n, ok in zip(names, same) if not ok]
+    return [n for n in before if n in changed]
+
+
+def _which_message(contract: Contract, case: Case, text: str) -> int | None:
+    """The number of the check whose rendered message is ``text`` on this case, if any."""
+    args: dict[str, Any] = {n: t.view() for n, t in case.tensors.items()}
+    args.update(case.scalars)
+    ns = contract.namespace(args)
+    for check in contract.checks_for(case.variant):
+        try:
+            if check.render(ns) == text:
+                return check.number
+        except Exception:  # a later check's values may not exist on this layout
+            continue
+    return None
+
+
+def _judge_error(contract: Contract, case: Case, exp: Expectation,
+                 error: BaseException | None, mutated: list[str],
+                 messages: Messages = "exact") -> Verdict | None:
+    if error is None:
+        return Verdict("contract", "accepted-broken-layout",
+                       f"returned normally; expected: it {exp.describe()}",
+                       check=exp.check, message=exp.message)
+    if not isinstance(error, contract.exception):
+        return Verdict("contract", "wrong-exception-type",
+                       f"raised {type(error).__name__}: {error}; expected: it "
+                       f"{exp.describe()}", check=exp.check, message=exp.message,
+                       extra={"exception": type(error).__name__})
+    got = str(error)
+    if exp.message is not None and got != exp.message and messages == "exact":
+        other = _which_message(contract, case, got)
+        if other is not None:
+            return Verdict("contract", "wrong-check-order",
+                           f"raised check {other}'s message {got!r}; check {exp.check} comes "
+                           f"first and says {exp.message!r}", check=exp.check, message=exp.message,
+                           extra={"got": got, "got_check": other})
+        return Verdict("contract", "wrong-message",
+                       f"raised ValueError({got!r}); check {exp.check} says {exp.message!r}",
+                       check=exp.check, message=exp.message, extra={"got": got})
+    if mutated:
+        return Verdict("contract", "mutated-on-error",
+                       f"raised the right error but modified {', '.join(mutated)} first",
+                       check=exp.check, message=exp.message)
+    return None
+
+
+def run_case(contract: Contract, case: Case, target: Callable[..., Any], *,
+             messages: Messages = "exact", strict: bool = False,
+             guard: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+             budget: bool = False) -> Outcome:
+    """Call ``target`` on a fresh copy of ``case`` and judge what it did.
+
+    ``messages="class"``: a broken layout passes when the target raises the contract's
+    exception type with any words (the difference is returned in ``Outcome.wording``);
+    the first-check-wins order can only be judged with ``"exact"``. A layout in one of the
+    contract's holes (documented checks let it through, e.g. HV = 0) passes as a
+    validation gap when the target returns and changes nothing; ``strict`` demands the
+    hardened contract's exception there. ``guard`` wraps the target's call alone (the
+    campaign's flight recorder). ``budget``: also report the error budget used, where the
+    contract's judge can (``Outcome.budget``). Raises :class:`EnvironmentFailure` when the
+    call failed in the execution machinery rather than in the target, and a device fault
+    (:func:`device_error`) that surfaces after the target returned."""
+    exp = expectation(contract, case)
+    if exp.ok and case.notes.get("semantic"):
+        return Outcome("gap", exp, note="the contract accepts a layout broken by "
+                       + ", ".join(case.notes.get("breakages", [])))
+    strict = strict or bool(case.notes.get("strict"))  # a case saved under --strict
+    messages = case.notes.get("messages", messages)  # ... or under --messages class
+    try:
+        kwargs, bases = case.materialize()
+        # the case's own bases are what the target's copies held before the call (nothing
+        # writes them): no second snapshot of every buffer
+        before = {n: t.base for n, t in case.tensors.items()}
+    except torch.OutOfMemoryError:
+        return Outcome("skip", exp, note=OUT_OF_MEMORY)
+    error: BaseException | None = None
+    result: Any = None
+    with (guard or contextlib.nullcontext)():
+        try:
+            result = target(*call_args(contract, kwargs))
+        except Exception as e:  # the oracle judges every exception type
+            error = e
+    if isinstance(error, torch.OutOfMemoryError):  # the device is full: not a verdict
+        return Outcome("skip", exp, note=f"{OUT_OF_MEMORY} (in the target)")
+    if error is not None and not isinstance(error, contract.exception):
+        cause = _environment_cause(error, case, contract)
+        if cause is not None:
+            raise EnvironmentFailure(cause) from error
+    if not exp.ok:
+        mutated = _mutated(before, bases)
+        if exp.hole is not None and not strict and error is None and not mutated:
+            return Outcome("gap", exp, note=f"the documented checks accept it ({exp.hole}); "
+                           "the target returned and changed nothing")
+        v = _judge_error(contract, case, exp, error, mutated, messages)
+        if v is None and error is not None and exp.message is not None \
+                and str(error) != exp.message:
+            return Outcome("pass", exp, wording=(exp.check, exp.message, str(error)))
+        if v is not None and exp.hole is not None and error is None and mutated:
+            v = Verdict("contract", "wrote-on-degenerate-layout",
+                        f"returned normally on a degenerate layout ({exp.hole}) but modified "
+                        f"{', '.join(mutated)}", extra={"hole": exp.hole})
+        return Outcome("fail" if v else "pass", exp, v)
+    if error is not None:
+        tb = "".join(traceback.format_exception_only(type(error), error)).strip()
+        return Outcome("fail", exp, Verdict("contract", "rejected-valid-layout",
+                                            f"raised on a layout the contract accepts: {tb}",
+                                            extra={"exception": type(error).__name__}))
+    used: dict[str, float] | None = {} if budget and contract.judge_budget \
+        else None
+    try:
+        v = (contract.judge(case, kwargs, before, bases, result) if used is None
+             else contract.judge(case, kwargs, before, bases, result, budget=used))
+    except Unjudgeable as e:
+        return Outcome("skip", exp, note=str(e))
+    except torch.OutOfMemoryError:
+        return Outcome("skip", exp, note=f"{OUT_OF_MEMORY} (in the oracle)")
+    except Exception as e:  # e.g. the target resized or re-typed the caller's tensors
+        if device_error(e):  # the target's asynchronous fault: the caller's to report
+            raise
+        return Outcome("fail", exp, Verdict(
+            "mismatch", "outputs-unreadable",
+            f"the oracle could not read the caller's tensors after the call: "
+            f"{type(e).__name__}: {e}"))
+    return Outcome("fail" if v else "pass", exp, v, budget=used or None)
+
+
+def run_peers(contract: Contract, case: Case,
+              targets: list[tuple[str, Callable[..., Any]]]) -> Outcome:
+    """Peer mode: run two targets on fresh copies of an accepted ``case`` and compare their
+    outputs with each other (each is judged against the reference by ``run_case``)."""
+    exp = expectation(contract, case)
+    if not exp.ok or case.notes.get("semantic") or contract.cross_judge is None:
+        return Outcome("pass", exp)
+    results = []
+    before: dict[str, torch.Tensor] = {}
+    for name, fn in targets:
+        kwargs, bases = case.materialize()
+        before = {n: b.clone() for n, b in bases.items()}
+        try:
+            fn(*call_args(contract, kwargs))
+        except Exception:  # judged on its own by run_case
+            return Outcome("skip", exp, note=f"{name} raised")
+        results.append((name, kwargs))
+    try:
+        v = contract.cross_judge(case, before, results)
+    except Unjudgeable as e:
+        return Outcome("skip", exp, note=str(e))
+    return Outcome("fail" if v else "pass", exp, v)

@@ -1,0 +1,2 @@
+"""The packed gated delta rule (GDN) decode family: its contract and layouts.
+"""

@@ -1,0 +1,2 @@
+"""The packed KDA decode family: its contract, layouts and GPU-scale stratum.
+"""

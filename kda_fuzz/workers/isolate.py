@@ -1,0 +1,168 @@
+"""Judge single cases in a worker process, so an abort, a hard fault or a hang ends one
+case only: the path of corpus replay (``crash-``/``timeout-``/``flaky-`` files) and of
+minimizing a failure found by a supervised campaign (campaigns themselves run their whole
+loop in supervised job processes, see :mod:`kda_fuzz.campaign.supervisor`).
+
+The worker is a fork of kda-fuzz's fork server (``process.worker_context``), never of a
+process whose torch thread pool runs (it can deadlock in its first parallel op); it
+imports the target by its ``MODULE:CALLABLE`` name and judges each case with
+``run_case`` itself; the parent sends cases through a pipe. A worker that dies yields
+a ``crash`` verdict, one that does not answer within the timeout is killed and yields a
+``timeout`` verdict; either way a fresh worker takes the next case.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import time
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any, NoReturn
+
+import torch
+
+from kda_fuzz.engine.case import Case
+from kda_fuzz.engine.contract import Contract
+from kda_fuzz.engine.oracle import EnvironmentFailure, Outcome, device_error, expectation, run_case
+from kda_fuzz.engine.targets import load_target
+from kda_fuzz.engine.verdict import Verdict
+from kda_fuzz.families import get_contract
+from kda_fuzz.workers.process import exit_with_parent, how_it_ended, worker_context, worker_process
+
+
+def _worker(conn: Connection, family: str, target: str, device: str,
+            judging: dict[str, Any]) -> None:
+    faulthandler.disable()  # a target's abort is reported by the parent, not dumped here
+    exit_with_parent()
+    contract = get_contract(family)
+    if device == "cpu" and contract.execution is not None:
+        contract.execution.configure_cpu()
+    fn = load_target(target).fn
+    parent = os.getppid()
+    conn.send("ready")
+    while True:
+        while not conn.poll(1.0):
+            if os.getppid() != parent:  # orphaned (a forked copy may hold the pipe's other end)
+                return
+        try:
+            case = conn.recv()
+        except EOFError:
+            return
+        if case is None:
+            return
+        try:
+            cpu = time.thread_time()  # immune to the machine's load, unlike wall time
+            outcome = run_case(contract, case if device == "cpu" else case.on(device), fn,
+                               **judging)
+            outcome.cpu_seconds = time.thread_time() - cpu
+        except EnvironmentFailure as e:
+            conn.send(("environment", str(e)))
+            continue
+        except Exception as e:
+            if device != "cpu" and device_error(e):  # surfaced while judging
+                _device_fault(conn, expectation(contract, case), e)
+            conn.send(("error", traceback.format_exc()))  # the oracle's own: parent raises
+            continue
+        if device != "cpu":
+            try:
+                torch.cuda.synchronize()
+            except Exception as e:  # a sticky CUDA error: this process's context is gone
+                _device_fault(conn, outcome.expectation, e)
+        conn.send(outcome)
+
+
+def _device_fault(conn: Any, exp: Any, error: BaseException) -> NoReturn:
+    """Report the device's fault as the target's crash and end this worker (its CUDA
+    context is gone)."""
+    conn.send(Outcome("fail", exp, Verdict(
+        "crash", "device-fault", f"the device faulted: {str(error).splitlines()[0]}")))
+    os._exit(70)
+
+
+class IsolatedTarget:
+    """A callable-like runner of one target in a child process with a per-case timeout.
+
+    Cases are sent as CPU tensors; on ``cuda`` the worker moves them to its device, so the
+    parent never initialises CUDA and a faulting kernel takes down only the worker."""
+
+    def __init__(self, contract: Contract, target: str, *, timeout: float = 60.0,
+                 device: str = "cpu", messages: str = "exact", strict: bool = False) -> None:
+        self.contract = contract
+        self.target = target
+        self.timeout = timeout
+        self.device = device
+        self.judging = {"messages": messages, "strict": strict}
+        self._ctx = worker_context()
+        self._proc: Any = None
+        self._conn: Connection | None = None
+
+    def _start(self) -> None:
+        parent, child = self._ctx.Pipe()
+        proc = worker_process(
+            self._ctx, _worker,
+            (child, self.contract.name, self.target, self.device, self.judging), daemon=True)
+        try:
+            proc.start()
+        finally:
+            child.close()
+        self._proc = proc
+        self._conn = parent
+        if not parent.poll(max(self.timeout, 120.0)) or parent.recv() != "ready":
+            raise RuntimeError(f"worker for {self.target} did not start")
+
+    def _stop(self, kill: bool = False) -> None:
+        if self._proc is not None:
+            if kill and self._proc.is_alive():
+                self._proc.kill()
+            self._proc.join(timeout=5)
+        if self._conn is not None:
+            self._conn.close()
+        self._proc, self._conn = None, None
+
+    def run(self, case: Case) -> Outcome:
+        """Judge ``case`` in the worker; a dead or silent worker is a crash or a timeout."""
+        if self._proc is None or not self._proc.is_alive():
+            self._stop()
+            try:
+                self._start()
+            except (EOFError, OSError, RuntimeError) as e:
+                self._stop(kill=True)
+                raise RuntimeError(f"cannot start a worker for {self.target}: {e}") from e
+        assert self._conn is not None
+        timed_out = False
+        try:
+            self._conn.send(case)
+            if self._conn.poll(self.timeout):
+                got = self._conn.recv()
+                if isinstance(got, tuple) and got[0] == "environment":
+                    raise EnvironmentFailure(got[1])
+                if isinstance(got, tuple) and got[0] == "error":
+                    raise RuntimeError(f"the oracle failed in the worker:\n{got[1]}")
+                return got
+            timed_out = True
+        except (EOFError, BrokenPipeError, ConnectionResetError):
+            self._proc.join(timeout=10)  # it is dying: let it be reaped
+        exp = expectation(self.contract, case)
+        code = self._proc.exitcode
+        self._stop(kill=True)
+        if timed_out:
+            return Outcome("fail", exp, Verdict(
+                "timeout", "no-return", f"did not return within {self.timeout:g} s"))
+        return Outcome("fail", exp, Verdict(
+            "crash", "process-died",
+            f"the process running the target died ({how_it_ended(code)})"))
+
+    def close(self) -> None:
+        if self._conn is not None and self._proc is not None and self._proc.is_alive():
+            try:
+                self._conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+        self._stop(kill=True)
+
+    def __enter__(self) -> IsolatedTarget:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,78 @@
+"""Small helpers for the worker processes kda-fuzz starts (campaign jobs, isolated targets)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from multiprocessing.context import BaseContext
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+# What the fork server imports before it forks any worker: torch, Hypothesis and the
+# engine (seconds of imports per worker otherwise). It runs nothing: no torch thread pool,
+# no CUDA context, so its forks are as clean as spawned processes.
+PRELOAD = ["kda_fuzz.campaign.supervisor"]
+
+
+def worker_context() -> BaseContext:
+    """How kda-fuzz starts its workers (campaign jobs, isolated targets): on Linux, forks
+    of a fork server that has only imported ``PRELOAD`` (never of a process whose thread
+    pool or CUDA context runs); spawned elsewhere (a fork without exec is not safe on
+    macOS once system frameworks are loaded)."""
+    if not sys.platform.startswith("linux") or "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
+def start_fork_server() -> None:
+    """Start the fork server now, so that its imports overlap the caller's own."""
+    if worker_context().get_start_method() == "forkserver":
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
+
+
+def worker_process(ctx: BaseContext, fn: Callable[..., Any], args: tuple[Any, ...], *,
+                   daemon: bool = False) -> BaseProcess:
+    """A process of ``ctx`` (see ``worker_context``) that runs ``fn(*args)`` in the
+    caller's environment as it is now (a fork server's children would otherwise inherit
+    the server's, from when it started)."""
+    return ctx.Process(target=_in_environment, args=(dict(os.environ), fn, args),
+                       daemon=daemon)
+
+
+def _in_environment(env: dict[str, str], fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    if env != dict(os.environ):
+        os.environ.clear()
+        os.environ.update(env)
+    fn(*args)
+
+
+def exit_with_parent() -> None:
+    """End this process soon after the process that started it is gone (killed, crashed)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                os._exit(3)
+
+    threading.Thread(target=watch, name="kda-fuzz-orphan-watch", daemon=True).start()
+
+
+def how_it_ended(code: int | None) -> str:
+    """A process exit code in words: ``signal SIGABRT`` or ``exit code 70``."""
+    if code is not None and code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
