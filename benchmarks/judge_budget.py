@@ -19,8 +19,8 @@ import time
 import torch
 
 from kda_fuzz.contracts import get_contract
-from kda_fuzz.contracts.kda import judge
 from kda_fuzz.contracts.kda_layouts import KdaLayout, Values, build
+from kda_fuzz.contracts.packed_judge import judge
 from kda_fuzz_kernels.kda_decode import reference_kda_packed_decode
 
 

@@ -18,8 +18,8 @@ import pytest
 from kda_fuzz.case import Case
 from kda_fuzz.cli import main as cli_main
 from kda_fuzz.contracts import get_contract
-from kda_fuzz.contracts.kda import judge, layout_summary
 from kda_fuzz.contracts.kda_layouts import KdaLayout, Values, build
+from kda_fuzz.contracts.packed_judge import judge, layout_summary
 from kda_fuzz.html_report import write_report
 from kda_fuzz.oracle import run_case
 from kda_fuzz.progress import Progress, check_counts, print_summary
