@@ -51,7 +51,6 @@ def scale_ulp(sc: float) -> float:
     return max(sc * U32, 2.0**-149)
 
 
-
 def beta_rounding(b_dtype: torch.dtype) -> float:
     """The relative error of beta rounded once to ``b``'s dtype (unit roundoff, eps / 2):
     what GDN's tolerance admits (spec section 3, last paragraph)."""
