@@ -19,8 +19,8 @@ import time
 import torch
 
 from kda_fuzz.families import get_contract
-from kda_fuzz.families.kda.contract import judge
 from kda_fuzz.families.kda.layouts import KdaLayout, Values, build
+from kda_fuzz.families.packed.judge import judge
 from kda_fuzz_kernels.kda_decode import reference_kda_packed_decode
 
 

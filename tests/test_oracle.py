@@ -192,8 +192,8 @@ def test_the_fused_judge_never_reads_outputs_a_target_resized(monkeypatch) -> No
     """On a GPU the fused kernel reads ``out`` and the state through the views handed
     over: a target that resized or moved them sends the case to the torch oracle before
     any launch (a read past them would fault the device: a crash that is not one)."""
-    from kda_fuzz.families.kda import contract as kda
     from kda_fuzz.families.packed import fused as packed_fused
+    from kda_fuzz.families.packed import judge as packed_judge
 
     launched: list[bool] = []
     real = packed_fused.summary
@@ -210,7 +210,8 @@ def test_the_fused_judge_never_reads_outputs_a_target_resized(monkeypatch) -> No
         elif change == "move":
             kwargs["out"].set_(kwargs["out"].clone())
         launched.clear()
-        verdict = kda._fused_pass(case, ref_args, kwargs, before, bases, kda.KDA_FUSED, None)
+        verdict = packed_judge._fused_pass(case, ref_args, kwargs, before, bases,
+                                           packed_judge.KDA_FUSED, None)
         assert verdict is (change == "none") and launched == [True] * (change == "none"), change
 
 
@@ -222,14 +223,14 @@ _CORRUPTIONS = ("none", "read-only", "out-guard", "padding-row", "out-value", "u
 def _corrupt(case: Case, corruption: str, where: int, reference: Any) -> tuple[Any, ...]:
     """Run the correct ``reference`` on a copy of ``case``, then break one rule of the
     judge (``_CORRUPTIONS``; some need a feature the layout may lack and do nothing)."""
-    from kda_fuzz.families.kda import contract as kda
+    from kda_fuzz.families.packed import judge as packed_judge
 
     kwargs, bases = case.materialize()
     before = {n: b.clone() for n, b in bases.items()}
     reference(*(kwargs[n] for n in get_contract(case.contract).signature))
     out, state = kwargs["out"], kwargs["initial_state"]
     if corruption == "read-only":
-        name = kda.READ_ONLY[where % len(kda.READ_ONLY)]
+        name = packed_judge.READ_ONLY[where % len(packed_judge.READ_ONLY)]
         base = bases[name]
         if base.numel():
             base[where % base.numel()] = base[where % base.numel()] + 1
@@ -259,19 +260,19 @@ def test_fast_path_agrees_with_the_ordered_diagnosis(layout: Case, corruption: s
                                                      where: int) -> None:
     """The judge's one-sync pass decision holds exactly when the ordered, per-rule
     diagnosis finds nothing (and does not call the case unjudgeable)."""
-    from kda_fuzz.families.kda import contract as kda
+    from kda_fuzz.families.packed import judge as packed_judge
 
     case = layout
     kwargs, before, bases, ref_args = _corrupt(case, corruption, where,
                                                reference_kda_packed_decode)
-    ref = kda.reference64(ref_args)
+    ref = packed_judge.reference64(ref_args)
     if corruption == "overflow" and ref["out"].numel():
         ref["out"].view(-1)[0] = float("inf")
-    masks = kda._masks(case, kwargs, before, bases)
-    fast = kda._all_pass(kwargs, before, bases, ref, masks)
+    masks = packed_judge._masks(case, kwargs, before, bases)
+    fast = packed_judge._all_pass(kwargs, before, bases, ref, masks)
     try:
-        slow = kda._diagnose(kwargs, before, bases, ref, masks) is None
-    except kda.Unjudgeable:
+        slow = packed_judge._diagnose(kwargs, before, bases, ref, masks) is None
+    except packed_judge.Unjudgeable:
         slow = False
     event(f"{corruption}: {'pass' if fast else 'fail'}")
     assert fast == slow
@@ -284,7 +285,7 @@ def test_a_result_too_large_for_its_dtype_is_still_judged_on_every_other_rule(
         corruption: str, what: str | None) -> None:
     """Unjudgeable means "not judged numerically": a nonzero padding row or a write to an
     unnamed slot is still a failure when the float64 result overflows the stored dtype."""
-    from kda_fuzz.families.kda import contract as kda
+    from kda_fuzz.families.packed import judge as packed_judge
 
     case = build(_layout(spare_slots=3, padding="first", seed=3), "triton")
     kwargs, before, bases, ref_args = _corrupt(case, "none", 0, reference_kda_packed_decode)
@@ -296,15 +297,15 @@ def test_a_result_too_large_for_its_dtype_is_still_judged_on_every_other_rule(
         named = set(kwargs["ssm_state_indices"].tolist())
         free = next(i for i in range(case.tensors["initial_state"].shape[0]) if i not in named)
         kwargs["initial_state"][free].view(-1)[0] += 1.0
-    ref = kda.reference64(ref_args)
+    ref = packed_judge.reference64(ref_args)
     ref["out"].view(-1)[0] = float("inf")  # the float64 result overflows
-    masks = kda._masks(case, kwargs, before, bases)
-    assert not kda._all_pass(kwargs, before, bases, ref, masks)
+    masks = packed_judge._masks(case, kwargs, before, bases)
+    assert not packed_judge._all_pass(kwargs, before, bases, ref, masks)
     if what is None:
-        with pytest.raises(kda.Unjudgeable):
-            kda._diagnose(kwargs, before, bases, ref, masks)
+        with pytest.raises(packed_judge.Unjudgeable):
+            packed_judge._diagnose(kwargs, before, bases, ref, masks)
     else:
-        assert kda._diagnose(kwargs, before, bases, ref, masks).what == what
+        assert packed_judge._diagnose(kwargs, before, bases, ref, masks).what == what
 
 
 def _fused_vs_torch(case: Case, corruption: str, where: int, reference: Any, family: Any,
@@ -312,23 +313,23 @@ def _fused_vs_torch(case: Case, corruption: str, where: int, reference: Any, fam
     """``packed_fused`` (the GPU's fast path, here in the Triton interpreter) passes a
     case exactly when the torch oracle does, calls it unjudgeable exactly where the torch
     oracle does, and reports the same error budget when it passes."""
-    from kda_fuzz.families.kda import contract as kda
     from kda_fuzz.families.packed import fused as packed_fused
+    from kda_fuzz.families.packed import judge as packed_judge
 
     kwargs, before, bases, ref_args = _corrupt(case, corruption, where, reference)
-    masks = kda._masks(case, kwargs, before, bases)
+    masks = packed_judge._masks(case, kwargs, before, bases)
     assert packed_fused.broken is None, packed_fused.broken
     outcome: dict[str, Any] = {}
-    for name, judge in (("fused", lambda b: kda._fused_pass(case, ref_args, kwargs, before,
+    for name, judge in (("fused", lambda b: packed_judge._fused_pass(case, ref_args, kwargs, before,
                                                             bases, fused, b)),
-                        ("torch", lambda b: kda._all_pass(kwargs, before, bases,
+                        ("torch", lambda b: packed_judge._all_pass(kwargs, before, bases,
                                                           family(ref_args), masks, b)
-                         or kda._diagnose(kwargs, before, bases, family(ref_args), masks)
+                         or packed_judge._diagnose(kwargs, before, bases, family(ref_args), masks)
                          is None)):
         budget: dict[str, float] = {}
         try:
             outcome[name] = (judge(budget), budget)
-        except kda.Unjudgeable:
+        except packed_judge.Unjudgeable:
             outcome[name] = ("unjudgeable", {})
     (fused_says, fused_budget), (torch_says, torch_budget) = outcome["fused"], outcome["torch"]
     event(f"{corruption}: {torch_says}")
@@ -343,8 +344,8 @@ def _fused_vs_torch(case: Case, corruption: str, where: int, reference: Any, fam
 def test_a_failing_fast_path_falls_back_to_the_torch_oracle(monkeypatch, capsys) -> None:
     """The fused judge's own failure is never a verdict: the fast path says "not decided",
     turns itself off for the process (saying why on stderr), and the torch oracle judges."""
-    from kda_fuzz.families.kda import contract as kda
     from kda_fuzz.families.packed import fused as packed_fused
+    from kda_fuzz.families.packed import judge as packed_judge
 
     def broken(*args: Any, **kw: Any) -> None:
         raise TypeError("failed to specialize argument of type: dict")
@@ -353,11 +354,12 @@ def test_a_failing_fast_path_falls_back_to_the_torch_oracle(monkeypatch, capsys)
     monkeypatch.setattr(packed_fused, "broken", None)
     case = build(_layout(), "triton")
     kwargs, before, bases, ref_args = _corrupt(case, "none", 0, reference_kda_packed_decode)
-    assert kda._fused_pass(case, ref_args, kwargs, before, bases, kda.KDA_FUSED, None) is False
+    assert packed_judge._fused_pass(case, ref_args, kwargs, before, bases,
+                                    packed_judge.KDA_FUSED, None) is False
     assert "TypeError: failed to specialize" in (packed_fused.broken or "")
     assert "judging with the torch oracle" in capsys.readouterr().err
-    assert kda.judge(case, kwargs, before, bases, (kwargs["out"], kwargs["initial_state"])) \
-        is None
+    assert packed_judge.judge(case, kwargs, before, bases,
+                              (kwargs["out"], kwargs["initial_state"])) is None
     # ... and the campaign's summary says so
     from kda_fuzz.campaign.runner import campaign, load_target
 
@@ -374,10 +376,10 @@ def test_a_failing_fast_path_falls_back_to_the_torch_oracle(monkeypatch, capsys)
 def test_fused_judge_agrees_with_the_torch_oracle(layout: Case, corruption: str,
                                                   where: int) -> None:
     """KDA (one gate per key, lower_bound or softplus)."""
-    from kda_fuzz.families.kda import contract as kda
+    from kda_fuzz.families.packed import judge as packed_judge
 
-    _fused_vs_torch(layout, corruption, where, reference_kda_packed_decode, kda.reference64,
-                    kda.KDA_FUSED)
+    _fused_vs_torch(layout, corruption, where, reference_kda_packed_decode,
+                    packed_judge.reference64, packed_judge.KDA_FUSED)
 
 
 @settings(max_examples=20, deadline=None)
@@ -399,11 +401,12 @@ def test_fused_judge_agrees_with_the_torch_oracle_gpu(family: str, kda_device_na
                                                       ) -> None:
     """The same on the GPU, compiled, with GPU-sized layouts (B up to 4096)."""
     from kda_fuzz.families.gdn import contract as gdn
-    from kda_fuzz.families.kda import contract as kda
+    from kda_fuzz.families.packed import judge as packed_judge
     from kda_fuzz_kernels.gdn_decode import reference_gdn_packed_decode
 
     contract = get_contract(family)
-    reference, ref64, fused = ((reference_kda_packed_decode, kda.reference64, kda.KDA_FUSED)
+    reference, ref64, fused = ((reference_kda_packed_decode, packed_judge.reference64,
+                                packed_judge.KDA_FUSED)
                                if family == "kda" else
                                (reference_gdn_packed_decode, gdn.reference64, gdn.FUSED))
 

@@ -21,8 +21,8 @@ from kda_fuzz.engine.case import Case
 from kda_fuzz.engine.oracle import run_case
 from kda_fuzz.engine.verdict import Verdict
 from kda_fuzz.families import get_contract
-from kda_fuzz.families.kda.contract import judge, layout_summary
 from kda_fuzz.families.kda.layouts import KdaLayout, Values, build
+from kda_fuzz.families.packed.judge import judge, layout_summary
 from kda_fuzz.report.html import write_report
 from kda_fuzz.report.progress import Progress, check_counts, print_summary
 from kda_fuzz_kernels.kda_decode import reference_kda_packed_decode

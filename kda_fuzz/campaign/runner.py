@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, Phase, given, reject, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
+from kda_fuzz.campaign.arms import Arm
 from kda_fuzz.campaign.channel import ExitReason, Stop
 from kda_fuzz.campaign.interleave import arm_before, cycle_of, in_turn_order, schedule
 from kda_fuzz.campaign.shard import NOMINAL_SCALE_BUDGET, Shard, describe, shard_arms
@@ -279,27 +280,6 @@ Minimizer = Callable[[Case, Target, Verdict, Callable[[Case], Outcome]], tuple[C
 
 
 HARD_KINDS = ("crash", "timeout")  # never re-run in the campaign: each try may kill
-
-
-@dataclass(frozen=True)
-class Arm:
-    """One stratum of a campaign: a strategy and the examples it gets."""
-
-    name: str
-    strategy: st.SearchStrategy[Case]
-    examples: int
-    index: int = 0  # position in the whole campaign's plan (seeds the arm's Hypothesis run)
-    # (r, k): of the arm's Hypothesis run, only examples e with e % k == r are run here (the
-    # others belong to other shards, see kda_fuzz.campaign.shard); the run draws all of them
-    share: tuple[int, int] = (0, 1)
-    # in a time-bounded campaign, the most of a job's time its stratum may take: a round
-    # passes the arm by while its stratum is over (None: no limit)
-    time_share: float | None = None
-
-    @property
-    def stratum(self) -> str:
-        """``broken``, ``valid`` or ``scale``: the part of the plan the arm belongs to."""
-        return self.name.split(":")[0]
 
 
 def deal(arms: list[Arm], job: int, jobs: int) -> list[Arm]:

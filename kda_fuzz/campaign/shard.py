@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from kda_fuzz.campaign.interleave import arm_before, arm_turn
 
 if TYPE_CHECKING:  # arms are only passed through and replaced here
-    from kda_fuzz.campaign.runner import Arm
+    from kda_fuzz.campaign.arms import Arm
 
 DEFAULT_SEED = 0  # a sharded campaign without --seed: every shard must draw the same plan
 

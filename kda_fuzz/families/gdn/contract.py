@@ -17,7 +17,8 @@ checks let HV = 0 and V = 0 through (a target that returns there changing nothin
 a validation gap; ``--strict`` demands ValueError), and K = 0 behind a q/k segment that
 passes check 20 reaches ``q_dim % K`` (ValueError expected, any message).
 
-The oracle is KDA's (:func:`kda_fuzz.families.kda.judge`: bit-exact padding rows,
+The oracle is the packed decode families' shared one, KDA's too
+(:func:`kda_fuzz.families.packed_judge.judge`: bit-exact padding rows,
 untouched slots, guard cells and read-only inputs; the caller's objects returned) with
 this family's float64 reference and forward-error bounds (:func:`reference64`), which
 admit beta kept in float32 or rounded to ``b``'s dtype (both conformant).
@@ -35,7 +36,10 @@ from kda_fuzz.engine.verdict import Verdict
 from kda_fuzz.families.gdn import layouts as gdn_layouts
 from kda_fuzz.families.kda import contract as kda
 from kda_fuzz.families.kda.layouts import KdaLayout
+from kda_fuzz.families.packed import judge as packed_judge
 from kda_fuzz.families.packed import pins
+from kda_fuzz.families.packed import tolerance as tol
+from kda_fuzz.families.packed.judge import pow2
 from kda_fuzz.families.packed.shrink import PackedDecodeShrinker
 
 SIGNATURE = (
@@ -50,7 +54,7 @@ _KDA = {c.number: c for c in kda.CHECKS}
 
 CHECKS = (
     *(_KDA[i] for i in range(1, 14)),
-    Check(14, lambda n: not (kda._pow2(n.K) and kda._pow2(n.V)), None, HELION),
+    Check(14, lambda n: not (pow2(n.K) and pow2(n.V)), None, HELION),
     Check(15, lambda n: n.a.shape[1] != n.HV or n.b.shape[1] != n.HV,
           "`a`/`b` must have shape [B, HV] with HV={HV} "
           "(got a.shape={a_shape}, b.shape={b_shape})."),
@@ -83,25 +87,25 @@ def reference64(args: dict[str, Any]) -> dict[str, torch.Tensor]:
     g, A = t["g"], t["A"]
     A_log = args["A_log"].to(f64).reshape(HV)
     gsens = g.abs() * (A_log.abs() + 4) + A * (t["a"].abs() + t["dt_bias"].abs())  # [R, HV]
-    return kda.packed_bounds(args, t, gsens[:, :, None, None],
-                             beta_rel=kda.beta_rounding(args["b"].dtype))
+    return packed_judge.packed_bounds(args, t, gsens[:, :, None, None],
+                                      beta_rel=tol.beta_rounding(args["b"].dtype))
 
 
-FUSED = kda.Fused(gate_per_key=False)  # the same reference as one kernel (packed_fused)
+FUSED = packed_judge.Fused(gate_per_key=False)  # the same reference as one kernel (packed_fused)
 
 
 def judge(case: Case, kwargs: dict[str, Any], before: dict[str, torch.Tensor],
           after: dict[str, torch.Tensor], result: Any,
           budget: dict[str, float] | None = None) -> Verdict | None:
-    """KDA's oracle and tolerance policy with the GDN float64 reference."""
-    return kda.judge(case, kwargs, before, after, result, budget, reference=reference64,
-                     fused=FUSED)
+    """The packed decode oracle and tolerance policy with the GDN float64 reference."""
+    return packed_judge.judge(case, kwargs, before, after, result, budget,
+                              reference=reference64, fused=FUSED)
 
 
 def cross_judge(case: Case, before: dict[str, torch.Tensor],
                 results: list[tuple[str, dict[str, Any]]]) -> Verdict | None:
     """Peer mode: two implementations agree within the sum of their bounds."""
-    return kda.cross_judge(case, before, results, reference=reference64)
+    return packed_judge.cross_judge(case, before, results, reference=reference64)
 
 
 def _probe(rows: int, width: int, variant: str) -> Case:
@@ -136,9 +140,9 @@ CONTRACT = Contract(
     execution=ModuleExecution("kda_fuzz.execution.cpu"),
     sizing=Sizing(),
     shrinker=PackedDecodeShrinker(gate_per_key=False, pow2_variants=HELION),
-    summarize=kda.layout_summary,
-    sizes=kda.packed_sizes,
+    summarize=packed_judge.layout_summary,
+    sizes=packed_judge.packed_sizes,
     probe=_probe,
     judge_budget=True,
-    status=kda.fused_status,  # the fused GPU judge is KDA's (one gate per value head)
+    status=packed_judge.fused_status,  # the shared fused GPU judge (one gate per value head)
 )

@@ -29,8 +29,10 @@ from hypothesis import reject
 from hypothesis import strategies as st
 
 from kda_fuzz.engine.case import Case, TensorArg
+from kda_fuzz.engine.contract import Unjudgeable
 from kda_fuzz.engine.verdict import Verdict
 from kda_fuzz.families.kda.layouts import KdaLayout, build, strided_arg
+from kda_fuzz.families.packed import judge as packed_judge
 
 GRID_YZ = 65535  # blocks on CUDA grid axes y and z
 INT32 = 2**31  # elements past which int32 offsets wrap
@@ -357,14 +359,13 @@ def judge_sampled(case: Case, kwargs: dict[str, Any], before: dict[str, torch.Te
     """The contract's judge for cases too big for a float64 reference of everything.
 
     Bit-exact on everything, on the device and chunked: read-only inputs, ``out``'s guard
-    cells, padding rows exactly 0, the pool's guards, slot padding and every slot that no
-    live row names. The math (float64 reference and bounds of ``kda.reference64``) on all
-    live rows when rows * HV * V * K <= ``full_limit``, else on ``sample_rows`` (at most
-    ``limit`` rows and about ``full_limit`` state elements, at least 4 rows; every head of
-    each row). Live slots outside the sample are not compared with the reference.
-    ``case.notes["judged"]`` says which."""
-    from kda_fuzz.families.kda import contract as kda
-
+    cells, padding rows exactly 0, the pool's guards, slot padding and every slot that
+    no live row names. The math (float64 reference and bounds of
+    ``packed_judge.reference64``) on all live rows when rows * HV * V * K <=
+    ``full_limit``, else on ``sample_rows`` (at most ``limit`` rows and about
+    ``full_limit`` state elements, at least 4 rows; every head of each row). Live slots
+    outside the sample are not compared with the reference. ``case.notes["judged"]``
+    says which."""
     out, state = kwargs["out"], kwargs["initial_state"]
     if not (isinstance(result, tuple | list) and len(result) == 2
             and result[0] is out and result[1] is state):
@@ -386,7 +387,7 @@ def judge_sampled(case: Case, kwargs: dict[str, Any], before: dict[str, torch.Te
     case.notes["judged_mode"] = "full" if full else "sampled"
 
     flags: list[tuple[str, torch.Tensor]] = [
-        (f"mutated-{n}", _same(before[n], after[n])) for n in kda.READ_ONLY]
+        (f"mutated-{n}", _same(before[n], after[n])) for n in packed_judge.READ_ONLY]
     guard = torch.ones_like(after["out"], dtype=torch.bool)
     case.tensors["out"].view(guard).fill_(False)
     flags.append(("out-guard-written", ((_bits(after["out"]) == _bits(before["out"]))
@@ -404,19 +405,21 @@ def judge_sampled(case: Case, kwargs: dict[str, Any], before: dict[str, torch.Te
     for n in ("mixed_qkv", "a", "b", "ssm_state_indices"):
         sub[n] = sub[n][rows]
     sub.update(case.scalars)
-    ref = kda.reference64(sub)
+    ref = packed_judge.reference64(sub)
     slots = ref["slots"]
-    fits = kda._fits(ref["out"], out.dtype) & kda._fits(ref["state"], state.dtype)
+    fits = (packed_judge.fits(ref["out"], out.dtype)
+            & packed_judge.fits(ref["state"], state.dtype))
     ratios: list[torch.Tensor] = []
-    flags.append(("out-value", kda._within(out[rows, 0], ref["out"], ref["out_bound"], ratios)))
-    flags.append(("initial_state-value", kda._within(state[slots], ref["state"],
-                                                     ref["state_bound"], ratios)))
+    flags.append(("out-value", packed_judge.within(out[rows, 0], ref["out"], ref["out_bound"],
+                                                   ratios)))
+    flags.append(("initial_state-value", packed_judge.within(state[slots], ref["state"],
+                                                             ref["state_bound"], ratios)))
     names = [n for n, _ in flags]
     values = torch.cat([torch.stack([f for _, f in flags] + [fits]).to(torch.float64),
                         torch.stack(ratios)]).tolist()  # the one device sync
     if budget is not None and rows.numel():
-        budget[f"out/{kda._short_dtype(out.dtype)}"] = values[-2]
-        budget[f"state/{kda._short_dtype(state.dtype)}"] = values[-1]
+        budget[f"out/{packed_judge.short_dtype(out.dtype)}"] = values[-2]
+        budget[f"state/{packed_judge.short_dtype(state.dtype)}"] = values[-1]
     for name, passed in zip(names, values):  # the first broken rule, in the judge's order
         if passed == 1.0:
             continue
@@ -433,17 +436,17 @@ def judge_sampled(case: Case, kwargs: dict[str, Any], before: dict[str, torch.Te
             return _untouched_verdict(case, before["initial_state"], after["initial_state"],
                                       live, name[len("untouched-state-"):])
         if values[len(names)] != 1.0:
-            raise kda.Unjudgeable("float64 result exceeds half the range of the stored dtype")
+            raise Unjudgeable("float64 result exceeds half the range of the stored dtype")
         got, r, bound = ((out[rows, 0], ref["out"], ref["out_bound"]) if name == "out-value"
                          else (state[slots], ref["state"], ref["state_bound"]))
-        v = kda._compare(name[: -len("-value")], got, r, bound, rows, slots)
+        v = packed_judge.compare(name[: -len("-value")], got, r, bound, rows, slots)
         if v is not None:
             wrong = [n[: -len("-value")] for n, ok in zip(names, values)
                      if n.endswith("-value") and ok != 1.0]
             return replace(v, detail=f"{v.detail} ({case.notes['judged']}; wrong: "
                            f"{', '.join(wrong)})", extra={**v.extra, "outputs": wrong})
     if values[len(names)] != 1.0:
-        raise kda.Unjudgeable("float64 result exceeds half the range of the stored dtype")
+        raise Unjudgeable("float64 result exceeds half the range of the stored dtype")
     return None
 
 

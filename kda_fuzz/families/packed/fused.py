@@ -1,9 +1,10 @@
 """The packed decode judge's fast path on a GPU: one Triton kernel per case computes the
 float64 reference of every live row (``reference64`` of KDA or GDN), its forward-error
-bounds (``kda.packed_bounds``) and the comparison with what the target wrote, in
-registers, where the torch oracle makes some twenty full-size ``[R, HV, V, K]`` passes
-and a device sync to find the live rows. It also checks padding rows zero and marks the
-slots that live rows name (for the caller's check of the rest of the pool).
+bounds (``packed_judge.packed_bounds``, with ``packed_tolerance``'s constants) and the
+comparison with what the target wrote, in registers, where the torch oracle makes some
+twenty full-size ``[R, HV, V, K]`` passes and a device sync to find the live rows. It
+also checks padding rows zero and marks the slots that live rows name (for the caller's
+check of the rest of the pool).
 
 It only decides that a case passes: the caller reads its summary with the other device
 booleans in one sync, and anything else (an element out of bound, a nonzero padding row,
@@ -22,16 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kda_fuzz.families.kda.contract import (
-    _U32,
-    _eps,
-    _gamma,
-    _half_max,
-    _scale_ulp,
-    _tiny,
-    _underflow,
-    beta_rounding,
-)
+from kda_fuzz.families.packed import tolerance as tol
 from kda_fuzz_kernels.kda_decode.reference import L2NORM_EPS
 
 TILE = 1024  # elements of the [V, K] tile a program holds (float64, several live copies)
@@ -218,10 +210,11 @@ def summary(views: dict[str, Any], got_state: torch.Tensor, got_out: torch.Tenso
     scale, lb = float(views["scale"]), views.get("lower_bound")
     sc = abs(scale)
     ds, do = got_state.dtype, got_out.dtype
-    values = [scale, sc, _scale_ulp(sc), lb or 0.0, max(1.0, abs(lb or 0.0)),
-              _eps(ds), _tiny(ds), _eps(do), _tiny(do), _half_max(ds), _half_max(do),
-              _gamma(K), torch.finfo(torch.float32).smallest_normal, 4 * _U32, L2NORM_EPS,
-              _underflow(K), 0.0 if gate_per_key else beta_rounding(views["b"].dtype)]
+    values = [scale, sc, tol.scale_ulp(sc), lb or 0.0, max(1.0, abs(lb or 0.0)),
+              tol.eps(ds), tol.tiny(ds), tol.eps(do), tol.tiny(do), tol.half_max(ds),
+              tol.half_max(do), tol.gamma(K), torch.finfo(torch.float32).smallest_normal,
+              4 * tol.U32, L2NORM_EPS, tol.underflow(K),
+              0.0 if gate_per_key else tol.beta_rounding(views["b"].dtype)]
     # (not named ``params``: Triton's generated binder has a local of that name)
     consts = _consts(tuple(values), dev)
     part = torch.empty((B * HV * NVB, COLUMNS), dtype=torch.float64, device=dev)
