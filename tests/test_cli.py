@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -99,6 +101,7 @@ def test_an_environment_failure_exits_2_and_is_no_verdict(tmp_path: Path) -> Non
     assert not (tmp_path / "corpus").exists()
 
 
+@pytest.mark.slow  # a long campaign: the slow tier
 def test_parallel_jobs_survive_an_aborting_target_and_save_it(tmp_path: Path) -> None:
     """`--jobs 2`: the job whose isolated target aborts reports it, the campaign exits 1
     and the case is saved as a crash- corpus file."""

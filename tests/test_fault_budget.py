@@ -16,6 +16,9 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 WALL = 600  # bounded wait: a loaded CI machine; the README gives measured figures
 
 
+pytestmark = pytest.mark.slow  # long campaigns: the slow tier
+
+
 def _kda_fuzz(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "kda_fuzz", *args], cwd=ROOT, env=ENV,
                           capture_output=True, text=True, timeout=WALL)

@@ -144,6 +144,7 @@ def test_a_signal_mid_campaign_saves_what_is_confirmed_and_summarizes(
     assert _group_gone(proc.pid), "processes of the campaign outlived it"
 
 
+@pytest.mark.slow  # a long campaign: the slow tier
 def test_max_seconds_bounds_the_command_and_saves_every_finding(tmp_path: Path) -> None:
     """``--max-seconds`` is the command's wall time: a campaign of far more examples than
     fit, whose minimizations would take 600 s each, ends within the bound (generous here:

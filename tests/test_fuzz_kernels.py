@@ -25,6 +25,7 @@ def _check(case: Case, fn, device: str) -> None:
     assert out.status != "fail", f"{out.verdict.summary()}\nlayout: {case.describe()}"
 
 
+@pytest.mark.slow  # a long campaign: the slow tier
 @pytest.mark.parametrize("variant,name,fn", TARGETS, ids=[f"{v}-{n}" for v, n, _ in TARGETS])
 def test_kernel_valid_layouts(variant: str, name: str, fn) -> None:
     @given(KDA.valid_cases(variant, budget=CPU_BUDGET, max_b=64, max_bhv=32))

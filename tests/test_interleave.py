@@ -128,6 +128,7 @@ def _drawing(limit: int = 10**9, resume: tuple | None = None, **options: object
     return c.drawn
 
 
+@pytest.mark.slow  # a long campaign: the slow tier
 def test_a_campaign_of_100000_examples_runs_every_arm_in_its_first_percent() -> None:
     """The campaign itself (cases drawn, none judged): of 100,000 examples the first 1,000
     hold every arm of the plan, valid layouts among the first hundred."""
@@ -197,6 +198,7 @@ def test_a_repeat_seen_earlier_by_another_job_moves_the_first_sighting() -> None
     assert report.first_finding() == {"seconds": 2.0, "example": 20}
 
 
+@pytest.mark.slow  # a long campaign: the slow tier
 def test_the_cli_finds_a_valid_layout_bug_early_in_a_large_time_bounded_campaign(
         tmp_path: Path) -> None:
     """The issue's command (100,000 examples, 40 s, seed 3; isolated, one job) against a

@@ -36,6 +36,7 @@ def test_worker_survives_abort_and_hang_and_recovers() -> None:
     ("tests.hostile_targets:aborts_on_padding", "crash", []),
     ("tests.hostile_targets:hangs", "timeout", ["--timeout", "2"]),
 ])
+@pytest.mark.slow  # a long campaign: the slow tier
 def test_campaign_saves_crash_and_timeout_cases(tmp_path: Path, target: str, kind: str,
                                                 extra: list[str]) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -58,6 +58,7 @@ def test_a_bug_at_a_pinned_shape_is_found():
     assert any(f["kind"] == "mismatch" for f in out["failure_details"])
 
 
+@pytest.mark.slow  # a long campaign: the slow tier
 def test_unsupported_features_are_not_drawn():
     common = ("--max-examples", "150", "--valid-share", "1.0")
     r = _fuzz("--target", "tests.hostile_capabilities:no_lower_bound", *common)

@@ -124,6 +124,7 @@ def _distinct(summary: dict) -> set[tuple]:
             for d in summary["failure_details"]}
 
 
+@pytest.mark.slow  # a long campaign: the slow tier
 def test_four_shards_find_what_one_campaign_finds(tmp_path: Path) -> None:
     """A planted bug: 4 shards of 60 examples find the distinct failures that one
     campaign of 240 finds, run 240 examples between them, and each names its share; the

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from kda_fuzz.campaign.minimize import minimize_with_verdict
@@ -50,6 +51,7 @@ def test_a_write_into_an_unnamed_slot_saves_small(tmp_path: Path) -> None:
     assert _replays(path, planted.writes_unnamed_slot) == ("fail", "pass")
 
 
+@pytest.mark.slow  # a long campaign: the slow tier
 def test_a_failure_that_needs_a_big_pool_keeps_it_and_saves_small(tmp_path: Path) -> None:
     """An offset that wraps past 2^22 elements (the CPU stand-in for int32's 2^31): the
     pool must stay past it, the slots no row names become one fill."""
