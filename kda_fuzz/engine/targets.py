@@ -26,11 +26,12 @@ class Target:
     fn: Callable[..., Any]
 
 
-def load_target(spec: str) -> Target:
-    """Import ``MODULE:CALLABLE`` with the current directory on ``sys.path``."""
+def import_object(spec: str, what: str = "CALLABLE") -> Any:
+    """The object ``MODULE:ATTRIBUTE`` names, imported with the current directory on
+    ``sys.path``; raises :class:`TargetError` saying what is wrong."""
     module, sep, attr = spec.partition(":")
     if not sep or not module or not attr:
-        raise TargetError(f"target {spec!r} is not of the form MODULE:CALLABLE")
+        raise TargetError(f"{spec!r} is not of the form MODULE:{what}")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
@@ -39,11 +40,19 @@ def load_target(spec: str) -> Target:
         hint = (" (kda-fuzz's own kernels are the package 'kda_fuzz_kernels' now)"
                 if module.split(".")[0] == "kernels" else "")
         raise TargetError(f"cannot import {module!r}: {type(e).__name__}: {e}{hint}") from e
-    fn: Any = mod
+    obj: Any = mod
     for part in attr.split("."):
-        fn = getattr(fn, part, None)
-        if fn is None:
+        obj = getattr(obj, part, None)
+        if obj is None:
             raise TargetError(f"module {module!r} has no attribute {attr!r}")
+    return obj
+
+
+def load_target(spec: str) -> Target:
+    """Import ``MODULE:CALLABLE`` with the current directory on ``sys.path``."""
+    if ":" not in spec or spec.startswith(":") or spec.endswith(":"):
+        raise TargetError(f"target {spec!r} is not of the form MODULE:CALLABLE")
+    fn = import_object(spec)
     if not callable(fn):
         raise TargetError(f"{spec!r} is not callable")
     return Target(spec, fn)

@@ -9,12 +9,11 @@ of an installed package.
 
 from __future__ import annotations
 
-import importlib
 import os
-import sys
 from importlib import metadata
 
 from kda_fuzz.engine.contract import Contract
+from kda_fuzz.engine.targets import TargetError, import_object
 from kda_fuzz.families.gdn.contract import CONTRACT as GDN
 from kda_fuzz.families.kda.contract import CONTRACT as KDA
 
@@ -37,17 +36,10 @@ def _user_specs() -> list[str]:
 def load_family(spec: str) -> Contract:
     """Import the :class:`Contract` named ``MODULE:ATTRIBUTE`` (the current directory on
     ``sys.path``) and register it; raises ``ValueError`` saying what is wrong."""
-    module, sep, attr = spec.partition(":")
-    if not sep or not module or not attr:
-        raise ValueError(f"family {spec!r} is not of the form MODULE:ATTRIBUTE")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
     try:
-        obj = importlib.import_module(module)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except Exception as e:
-        raise ValueError(f"cannot load family {spec!r}: {type(e).__name__}: {e}") from e
+        obj = import_object(spec, "ATTRIBUTE")
+    except TargetError as e:
+        raise ValueError(f"cannot load family {spec!r}: {e}") from e
     if not isinstance(obj, Contract):
         raise ValueError(f"family {spec!r} is a {type(obj).__name__}, not a "
                          "kda_fuzz Contract")
