@@ -805,8 +805,11 @@ def _save(report: Any, contract: Any, corpus: str, args: argparse.Namespace,
 
     settled = {id(f) for f in done}
     for f in report.failures:
-        if id(f) in settled:
-            if f.saved:
+        if id(f) in settled:  # settled as confirmed: saved, or known to the corpus already
+            if f.saved and f.note.startswith(SEEN_AGAIN):
+                print(f"kda-fuzz: {f.verdict.kind}/{f.verdict.what} on {f.target}: {f.note}",
+                      file=sys.stderr)
+            elif f.saved:
                 report.saved.append(f.saved)
             continue
         try:

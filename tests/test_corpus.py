@@ -787,3 +787,20 @@ def _mutants() -> dict[str, Any]:
     from tests import mutants
 
     return mutants.MUTANTS
+
+
+def test_a_file_written_before_outputs_were_recorded_is_the_same_bug(tmp_path: Path) -> None:
+    """A file whose verdict said that the state was out of tolerance too only by
+    ``state_out_of_tolerance`` (before ``extra["outputs"]``) is read, and deduplicated,
+    as out and state wrong together, the way the family upgrades it."""
+    case = _case()
+    legacy = Verdict("mismatch", "out-value", "...", output="out",
+                     extra={"state_out_of_tolerance": 7})
+    path = save_case(case, legacy, tmp_path, origin={"target": "t:f", "seed": 3})
+    _, got, _ = load_case(path)
+    assert got is not None and got.outputs() == ["initial_state", "out"]
+    now = Verdict("mismatch", "out-value", "...", output="out",
+                  extra={"outputs": ["out", "initial_state"]})
+    assert corpus.known_failure(Failure(_case(seed=12), now, "t:f"), tmp_path) == path
+    alone = Verdict("mismatch", "out-value", "...", output="out")
+    assert corpus.known_failure(Failure(_case(seed=12), alone, "t:f"), tmp_path) is None

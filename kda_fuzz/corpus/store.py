@@ -588,13 +588,23 @@ def _file_signature(path: Path) -> tuple[Any, ...] | None:
         raw, contract = doc.get("verdict"), doc.get("contract") or {}
         target = (doc.get("origin") or {}).get("target")
         if isinstance(raw, dict) and isinstance(target, str):
-            verdict = Verdict.from_json(_unjson(raw))
+            verdict = _decoded_verdict(contract.get("family"), Verdict.from_json(_unjson(raw)))
             sig = (contract.get("family"), target,
                    *verdict.signature(str(contract.get("variant"))))
     except (OSError, ValueError, TypeError, AttributeError):
         sig = None
     _HEADERS[path] = (stamp, sig)
     return sig
+
+
+def _decoded_verdict(family: Any, verdict: Verdict) -> Verdict:
+    """``verdict`` of a file of ``family`` in today's terms (as the family upgrades
+    older files' verdicts); as written where the family is unknown here."""
+    try:
+        contract = get_contract(str(family))
+    except ValueError:
+        return verdict
+    return contract.decoded_verdict(verdict)
 
 
 _HEADER_BYTES = 1 << 20  # the header of a file as written lies in its first MiB
@@ -942,7 +952,7 @@ def _decode(path: Path, doc: Any) -> tuple[Case, Verdict | None, dict[str, Any]]
         if not isinstance(raw, dict):
             raise ValueError("verdict must be an object or null")
         try:
-            verdict = Verdict.from_json(_unjson(raw))
+            verdict = contract.decoded_verdict(Verdict.from_json(_unjson(raw)))
         except TypeError as e:
             raise ValueError(f"verdict has missing or unknown fields ({e})") from None
         if not (isinstance(verdict.what, str) and isinstance(verdict.detail, str)):

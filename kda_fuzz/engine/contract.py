@@ -221,7 +221,8 @@ class Contract:
     ``status`` (notes for a campaign's summary on the family's own machinery, e.g. a
     fast path that turned itself off) and ``aims`` (the check each breakage of a variant
     aims at, for :func:`kda_fuzz.strategies.broken_layouts`) and ``restrict`` (the pins
-    that leave out features a target declares it does not support).
+    that leave out features a target declares it does not support) and
+    ``upgrade_verdict`` (a verdict read from an older file, in today's terms).
     """
 
     name: str
@@ -254,6 +255,13 @@ class Contract:
     aims: Callable[[str], Mapping[str, int | None]] | None = None
     # pins (for valid_cases/broken_cases) that leave out what a target does not support
     restrict: Callable[[Sequence[str], str], Mapping[str, Any]] | None = None
+    # a verdict decoded from a corpus file, in today's terms (files written by older
+    # versions recorded some facts in other fields of ``extra``)
+    upgrade_verdict: Callable[[Verdict], Verdict] | None = None
+
+    def decoded_verdict(self, verdict: Verdict) -> Verdict:
+        """``verdict`` as read from a file, upgraded by :attr:`upgrade_verdict`."""
+        return verdict if self.upgrade_verdict is None else self.upgrade_verdict(verdict)
 
     def checks_for(self, variant: str) -> tuple[Check, ...]:
         self._require_variant(variant)

@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 from rich.progress import Progress as RichProgress
 from rich.table import Table
 
-from kda_fuzz.corpus.store import replay_command_line
+from kda_fuzz.corpus.store import SEEN_AGAIN, replay_command_line
 from kda_fuzz.families import get_contract
 
 STATUS_INTERVAL = 5.0  # seconds between plain status lines off a terminal
@@ -87,7 +87,9 @@ class Progress:
             n = self._numbers.setdefault(id(failure), len(self._numbers) + 1)
         what = f"{failure.verdict.kind}/{failure.verdict.what} on {failure.target}"
         note = f" ({failure.note})" if getattr(failure, "note", "") else ""
-        if failure.saved:
+        if failure.saved and str(getattr(failure, "note", "")).startswith(SEEN_AGAIN):
+            self._line(f"kda-fuzz: failure {n} known: {failure.saved}: {what}{note}")
+        elif failure.saved:
             self._line(f"kda-fuzz: failure {n} saved: {failure.saved}: {what}{note}")
         else:
             self._line(f"kda-fuzz: failure {n} not saved: {what}{note}")

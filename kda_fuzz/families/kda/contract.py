@@ -155,6 +155,7 @@ CONTRACT = Contract(
     holes=HOLES,
     families=kda_layouts.families,
     cross_judge=packed_judge.cross_judge,
+    upgrade_verdict=packed_judge.upgrade_verdict,  # older files' verdicts
     doc=__doc__ or "",
     scalars={"scale": "float", "use_qk_l2norm_in_kernel": "bool", "lower_bound": "float?"},
     default_targets={
