@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -14,6 +15,7 @@ import pytest
 from kda_fuzz.campaign.interleave import cycle_of
 from kda_fuzz.campaign.runner import Campaign, CampaignOptions, Target, fingerprint, plan, share_of
 from kda_fuzz.campaign.shard import Shard, assign, examples_of, parse_shard, positions
+from kda_fuzz.engine.verdict import Verdict
 from kda_fuzz.families import get_contract
 
 KDA = get_contract("kda")
@@ -120,8 +122,10 @@ def _summary(r: subprocess.CompletedProcess) -> dict:
 
 
 def _distinct(summary: dict) -> set[tuple]:
-    return {(d["target"], d["kind"], d["what"], d["check"], d["output"])
-            for d in summary["failure_details"]}
+    """The distinct failures of a summary, by the campaign's own root-cause signature."""
+    fields = {f.name for f in dataclasses.fields(Verdict)}
+    return {(d["target"], *Verdict(**{k: v for k, v in d.items() if k in fields})
+             .signature(summary["variant"])) for d in summary["failure_details"]}
 
 
 @pytest.mark.slow  # a long campaign: the slow tier
