@@ -226,7 +226,7 @@ def _fuzz_parser(sub: Any) -> None:
                    help="the most seconds a target may take on one case before it counts as "
                         "a hang (default 60); isolated campaigns calibrate a shorter limit "
                         "per call: 10x the slowest call of its size class seen (of a first "
-                        "call for a new shape or process), at least 2 s")
+                        "call for a new shape or process), at least 10 s")
     i.add_argument("--no-isolate", action="store_true",
                    help="no flight record: with one job, run targets in this process; with "
                         "--jobs N, a crash or hang of a target ends the run (default: "

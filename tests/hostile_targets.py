@@ -10,7 +10,8 @@ from kda_fuzz_kernels.kda_decode import reference_kda_packed_decode
 
 def aborts_on_padding(*args):
     """Correct, except that a batch with a padding row aborts the process."""
-    if bool((args[8] < 0).any()):
+    # a meta tensor has no values to look at: the reference's checks reject the layout
+    if args[8].device.type != "meta" and bool((args[8] < 0).any()):
         os.abort()
     return reference_kda_packed_decode(*args)
 

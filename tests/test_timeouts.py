@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from kda_fuzz.campaign.steering import MIN_SHARE, Steering, describe_feature, features
-from kda_fuzz.campaign.timeouts import FLOOR, Calibration, describe, merged, size_class, store_size
+from kda_fuzz.campaign.timeouts import (
+    FLOOR,
+    MAX_SCALE,
+    Calibration,
+    describe,
+    merged,
+    size_class,
+    store_size,
+)
 from kda_fuzz.families.kda.layouts import KdaLayout, build
 
 
@@ -18,14 +26,14 @@ def test_the_ceiling_holds_until_a_call_returns_then_the_limit_follows_the_calls
     cal = Calibration(store, 1, 60.0)
     small, other = _case(2), _case(3)
     assert cal.limit(0, small) == 60.0  # nothing returned yet: a compile may take that long
-    cal.observe(0, small, 0.5)  # the process's first call (imports, compiles)
-    assert cal.limit(0, other) == pytest.approx(5.0)  # a new shape: like a first call
+    cal.observe(0, small, 2.0)  # the process's first call (imports, compiles)
+    assert cal.limit(0, other) == pytest.approx(20.0)  # a new shape: like a first call
     cal.observe(0, other, 0.3)
     cal.observe(0, small, 0.01)  # a shape run before, at its steady cost
     assert cal.limit(0, small) == FLOOR  # 10x 0.01 s, but never below the floor
-    cal.observe(0, small, 0.4)
-    assert cal.limit(0, small) == pytest.approx(4.0)  # 10x the slowest of its size class
-    assert cal.limit(0, _case(4)) >= 4.0  # a new shape: at least what its class needs
+    cal.observe(0, small, 1.5)
+    assert cal.limit(0, small) == pytest.approx(15.0)  # 10x the slowest of its size class
+    assert cal.limit(0, _case(4)) >= 15.0  # a new shape: at least what its class needs
     cal.observe(0, small, 30.0)
     assert cal.limit(0, small) == 60.0  # --timeout is the ceiling
 
@@ -40,8 +48,8 @@ def test_what_was_learned_survives_a_restart_and_larger_classes_scale_up() -> No
     again = Calibration(store, 2, 60.0)  # a restarted job: same store, a new process
     assert again.limit(0, small) == 60.0  # the other target has never returned
     # the first call of a process: like the slowest first call of a process seen
-    scaled = 10 * 0.15 * 2 ** (size_class(big) - size_class(small))
-    assert again.limit(1, big) == pytest.approx(min(60.0, max(2.0, scaled)))
+    scaled = 10 * 0.15 * min(MAX_SCALE, 2 ** (size_class(big) - size_class(small)))
+    assert again.limit(1, big) == pytest.approx(min(60.0, max(FLOOR, scaled)))
     again.observe(1, small, 0.1)
     assert again.limit(1, small) == FLOOR  # a shape seen: 10x 0.15 s, raised to the floor
     summary = describe(merged([store], 2), ["a", "b"], 60.0)
@@ -49,6 +57,25 @@ def test_what_was_learned_survives_a_restart_and_larger_classes_scale_up() -> No
     assert summary["targets"]["b"]["slowest_first_call_of_a_process_seconds"] == 0.2
     with pytest.raises(ValueError):
         Calibration([0.0], 1, 60.0)
+
+
+def test_a_class_far_larger_than_any_seen_costs_a_bounded_multiple_not_the_ceiling() -> None:
+    store = [0.0] * store_size(1)
+    cal = Calibration(store, 1, 600.0)
+    small, big = _case(2), _case(512, K=64)
+    assert size_class(big) - size_class(small) > 3  # a size ratio past MAX_SCALE
+    cal.observe(0, small, 1.0)  # the first call of the process
+    cal.observe(0, small, 0.5)  # a shape run before
+    cal.observe(0, big, 1.0)  # a new shape (compile cell)
+    # the big shape run before: its class never measured, the small one's 0.5 s scaled
+    # up at most MAX_SCALE times (not 2 ** ratio: 10x that would be far past a minute)
+    assert cal.limit(0, big) == pytest.approx(10 * 0.5 * MAX_SCALE)
+    # a smaller class than any seen: the slowest call of any class, not the ceiling
+    fresh = Calibration([0.0] * store_size(1), 1, 600.0)
+    fresh.observe(0, big, 1.0)
+    fresh.observe(0, big, 3.0)
+    fresh.observe(0, small, 0.1)  # a new shape: the compile cell
+    assert fresh.limit(0, small) == pytest.approx(30.0)
 
 
 def test_draws_like_faulting_layouts_get_less_of_the_budget_and_replay_alike() -> None:

@@ -6,14 +6,16 @@ the supervisor enforces for it (``parallel``'s flight record):
 * a call of a layout whose shapes the target has run before in this process:
   ``MULTIPLE`` times the slowest call seen of its size class (the bit length of the
   case's tensor elements; else the nearest smaller class seen, scaled up by the size
-  ratio);
+  ratio, at most ``MAX_SCALE`` times; else the slowest call of any class);
 * the first call of a new shape (a shape-specialising kernel compiles): ``MULTIPLE``
   times the slowest such first call seen, and at least the above;
 * the first call of a process (a restarted job: imports, caches, compiles again):
   ``MULTIPLE`` times the slowest first call of a process seen, and at least the above;
-* before any call has returned: the ceiling (``--timeout``);
+* before any call of the target has returned: the ceiling (``--timeout``; its first call
+  may compile: never a hang below it);
 
-never below ``FLOOR`` seconds nor above the ceiling. What was learned lives in a plain
+never below ``FLOOR`` seconds (a slow but returning call on a loaded machine is no hang)
+nor above the ceiling. What was learned lives in a plain
 array of floats (the job's shared flight record), so it survives the job's restarts.
 """
 
@@ -25,8 +27,9 @@ from typing import Any
 
 from kda_fuzz.engine.case import Case
 
-FLOOR = 2.0  # seconds: no call is a hang before this (a loaded machine, a GC pause)
+FLOOR = 10.0  # seconds: no call is a hang before this (a loaded machine, a GC pause)
 MULTIPLE = 10.0  # the limit is this many times the slowest comparable call seen
+MAX_SCALE = 8.0  # a larger class extrapolated from a smaller one: at most this many times
 CLASSES = 64  # size classes: bit lengths of a case's tensor element count
 # floats per target: slowest first call of a process, of a new shape, then per size class
 WARM, COMPILE, SLOTS = 0, 1, 2 + CLASSES
@@ -70,12 +73,13 @@ class Calibration:
 
     def _slowest(self, target: int, cls: int) -> float:
         """The slowest call of class ``cls``, else of the nearest smaller class seen scaled
-        up by the size ratio (0: nothing comparable seen)."""
+        up by the size ratio (at most ``MAX_SCALE`` times), else the slowest call of any
+        class (0: no call of a shape run before seen)."""
         base = target * SLOTS + 2
         for c in range(cls, -1, -1):
             if self.store[base + c] > 0:
-                return self.store[base + c] * 2.0 ** (cls - c)
-        return 0.0
+                return self.store[base + c] * min(MAX_SCALE, 2.0 ** (cls - c))
+        return max((self.store[base + c] for c in range(CLASSES)), default=0.0)
 
     def limit(self, target: int, case: Case) -> float:
         """Seconds the call of ``target`` (its index) on ``case`` may take."""
