@@ -222,7 +222,7 @@ KDA_FUSED = Fused(gate_per_key=True)
 
 def fused_status() -> list[str]:
     """``packed_fused.status``, without importing Triton where the fast path never ran."""
-    module = sys.modules.get(f"{__package__}.packed_fused")
+    module = sys.modules.get(f"{__package__}.fused")
     return module.status() if module is not None else []
 
 
