@@ -62,6 +62,20 @@ def flaky_padding(*args):
     return out, state
 
 
+def two_faced(*args):
+    """Wrong on every call, alternately in the state (NaN in the live slots) and in
+    ``out`` (all NaN): a failure whose re-runs fail differently, never one that goes away."""
+    _calls[0] += 1
+    out, state = reference_kda_packed_decode(*args)
+    idx = args[8]
+    live = idx[idx >= 0].long()
+    if _calls[0] % 2 and live.numel():
+        state[live] = float("nan")
+    else:
+        out.fill_(float("nan"))
+    return out, state
+
+
 def aborts_on_wide_batches(*args):
     """Correct, except that a batch of exactly 12 rows aborts the process (rare)."""
     if args[0].dim() == 2 and args[0].shape[0] == 12 and args[7].dim() == 4:

@@ -100,14 +100,18 @@ def _group_gone(pgid: int, seconds: float = 20.0) -> bool:
     return False
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize(("sig", "group"), [(signal.SIGINT, True), (signal.SIGTERM, False),
+                                           (signal.SIGTERM, True)],
+                         ids=["SIGINT-group", "SIGTERM", "SIGTERM-group"])
 def test_a_signal_mid_campaign_saves_what_is_confirmed_and_summarizes(
-        tmp_path: Path, sig: signal.Signals) -> None:
+        tmp_path: Path, sig: signal.Signals, group: bool) -> None:
     """A long campaign is interrupted once its first failure is confirmed: SIGINT to the
     whole process group (Ctrl-C in a terminal) while that failure is being minimized,
-    SIGTERM to the command alone once it is saved. Either way every confirmed failure is
-    in the corpus (the one cut short saved as found and marked so), the partial summary
-    and the report are written, the exit code is 128 + the signal, no process is left."""
+    SIGTERM once it is saved, to the command alone or to its whole group (``timeout``,
+    ``docker stop``: the fork server and every worker get it too). Either way every
+    confirmed failure is in the corpus (the one cut short saved as found and marked so),
+    no worker is taken for crashed, the partial summary and the report are written, the
+    exit code is 128 + the signal, no process is left."""
     corpus, report = tmp_path / "corpus", tmp_path / "rep"
     proc = _start("fuzz", "--target", "tests.slow_targets:slow_pad_wrap", "--contract",
                   "triton", "--max-examples", "100000", "--valid-share", "1", "--seed", "1",
@@ -120,17 +124,19 @@ def test_a_signal_mid_campaign_saves_what_is_confirmed_and_summarizes(
             os.killpg(proc.pid, sig)
         else:
             lines.wait_for(SAVED, 400)
-            proc.send_signal(sig)
+            os.killpg(proc.pid, sig) if group else proc.send_signal(sig)
     finally:
         out = _wait(proc, 120, tmp_path)
     err = lines.text()
     assert proc.returncode == 128 + sig, err
     assert f"interrupted by {sig.name}" in out and "distinct failure(s)" in out, out
+    assert "[crash]" not in out and "internal error" not in err, (out, err)
     saved = {Path(m.group(2)) for m in SAVED.finditer(err)}
     confirmed = {m.group(1) for m in CONFIRMED.finditer(err)}
     assert saved and len(saved) == len(confirmed), err  # every confirmed failure saved
-    files = sorted(corpus.glob("mismatch-*.json"))
-    assert {p.name for p in files} == {p.name for p in saved}
+    files = sorted(corpus.glob("*.json"))  # every file announced, none saved twice
+    assert {p.name for p in files} == {p.name for p in saved}, err
+    assert all(p.name.startswith("mismatch-") for p in files), err
     assert not list(corpus.glob(".*.tmp"))  # atomic writes: no partial file left
     docs = [json.loads(p.read_text()) for p in files]
     if sig == signal.SIGINT:  # the first failure's minimization was cut short

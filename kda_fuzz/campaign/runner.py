@@ -771,20 +771,32 @@ class Campaign:
 
     def _confirm(self, failure: Failure, target: Target, pos: Position | None,
                  index: int) -> Failure:
-        runs = 0
-        same = 0
+        """Re-run the failing case: a failure that a re-run does not show is ``flaky``.
+        A re-run that fails again (in any way: a target racing on duplicate writes fails
+        differently each time) reproduces it; a skip is no evidence, unless the rules the
+        failure broke were judged and held (``Outcome.rules_held``)."""
+        runs = same = 0
+        other: list[str] = []
+        numeric = failure.verdict.behaviour()[1] == "wrong-values"
         for _ in range(self.options.confirm_runs):
             again = (self._judge(pos, index, failure.case, target) if pos is not None
                      else Outcome("fail", expectation(self.contract, failure.case),
                                   failure.verdict))
-            if again.status == "skip":  # e.g. out of device memory: no evidence either way
-                continue
+            if again.status == "skip" and (numeric or not again.rules_held):
+                continue  # e.g. out of device memory: no evidence either way
             runs += 1
-            same += again.verdict is not None and again.verdict.signature() == \
-                failure.verdict.signature()
+            if again.status == "fail":
+                same += 1
+                if again.verdict is not None and again.verdict.signature() != \
+                        failure.verdict.signature():
+                    other.append(f"{again.verdict.kind}/{again.verdict.what}")
         if same == runs:
+            notes = []
             if runs < self.options.confirm_runs:
-                failure.note = f"re-run {runs} of {self.options.confirm_runs} times"
+                notes.append(f"re-run {runs} of {self.options.confirm_runs} times")
+            if other:
+                notes.append("re-runs failed differently: " + ", ".join(sorted(set(other))))
+            failure.note = "; ".join(notes)
             return failure
         v = failure.verdict
         flaky = Verdict("flaky", v.what, f"seen once, then in {same} of {runs} re-runs of the "

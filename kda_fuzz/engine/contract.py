@@ -69,7 +69,11 @@ class Hole:
 
 
 class Unjudgeable(Exception):
-    """The oracle cannot compare numbers on this case (e.g. the result overflows its dtype)."""
+    """The oracle cannot compare numbers on this case (e.g. the result overflows its dtype).
+
+    A judge raises it only once every other rule (read-only inputs, padding, untouched
+    state) has been judged and held: the outcome is then a skip that still counts as
+    evidence against a failure of one of those rules (``Outcome.rules_held``)."""
 
 
 @dataclass(frozen=True)

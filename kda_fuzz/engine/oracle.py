@@ -32,6 +32,7 @@ class Outcome:
     wording: tuple[int | None, str, str] | None = None
     budget: dict[str, float] | None = None  # largest |got - ref| / bound per output/dtype
     cpu_seconds: float | None = None  # the calling thread's CPU time (isolated runs)
+    rules_held: bool = False  # a skip (``Unjudgeable``) after every rule but the numbers held
 
 
 OUT_OF_MEMORY = "not judged: out of device memory"
@@ -202,7 +203,7 @@ def run_case(contract: Contract, case: Case, target: Callable[..., Any], *,
         v = (contract.judge(case, kwargs, before, bases, result) if used is None
              else contract.judge(case, kwargs, before, bases, result, budget=used))
     except Unjudgeable as e:
-        return Outcome("skip", exp, note=str(e))
+        return Outcome("skip", exp, note=str(e), rules_held=True)
     except torch.OutOfMemoryError:
         return Outcome("skip", exp, note=f"{OUT_OF_MEMORY} (in the oracle)")
     except Exception as e:  # e.g. the target resized or re-typed the caller's tensors

@@ -28,15 +28,31 @@ def worker_context() -> BaseContext:
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
+    _ensure_fork_server()
     return ctx
+
+
+def _ensure_fork_server() -> None:
+    """Start the fork server (once) with SIGTERM ignored, as it stays (an ignored signal
+    stays ignored across ``exec``). A SIGTERM to the whole process group (``timeout``,
+    ``docker stop``, a CI runner) would otherwise end the server, and multiprocessing then
+    takes every worker it forked for dead (exit code 255) while the supervisor is still
+    stopping them in order. SIGINT the server ignores itself. Only the main thread may
+    change a handler: elsewhere the server starts as multiprocessing starts it."""
+    from multiprocessing import forkserver
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    old = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def start_fork_server() -> None:
     """Start the fork server now, so that its imports overlap the caller's own."""
-    if worker_context().get_start_method() == "forkserver":
-        from multiprocessing import forkserver
-
-        forkserver.ensure_running()
+    worker_context()
 
 
 def worker_process(ctx: BaseContext, fn: Callable[..., Any], args: tuple[Any, ...], *,
