@@ -61,3 +61,26 @@ def test_a_fault_on_some_layouts_is_saved_and_the_whole_budget_runs(
     good = _kda_fuzz("replay", "--target", REFERENCE, "--contract", "helion", "--timeout", "60",
                      str(saved[0]))
     assert good.returncode == 0, good.stdout + good.stderr
+
+
+def test_a_slow_call_past_its_calibrated_limit_is_run_again_and_is_no_hang(
+        tmp_path: Path) -> None:
+    """A correct target whose first two calls on larger batches stall for 3 s (past the
+    2 s floor of a fast target's calibrated limit): the first is killed at its limit and
+    run again under a longer one, where it returns: no finding, the summary says so."""
+    stalls = tmp_path / "stalls"
+    stalls.mkdir()
+    env = {**ENV, "KDA_FUZZ_TEST_STALL_DIR": str(stalls)}
+    r = subprocess.run([sys.executable, "-m", "kda_fuzz", "fuzz", "--target",
+                        "tests.slow_targets:stalls_twice", "--contract", "triton",
+                        "--max-examples", "150", "--seed", "1", "--valid-share", "1",
+                        "--budget", "262144",  # (no sizing probes: the stalls are for the jobs)
+                        "--corpus", str(tmp_path / "corpus"), "--json"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=WALL)
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = _summary(r)
+    assert len(list(stalls.iterdir())) == 2  # both stalls happened
+    assert summary["failures"] == 0 and not (tmp_path / "corpus").exists()
+    t = summary["timeout"]
+    assert t["rerun"] == 1 and t["rerun_returned"] == 1 and t["hangs"] == 0, t
+    assert any("returned when run again under a longer limit" in n for n in summary["notes"])

@@ -87,9 +87,10 @@ def test_draws_like_faulting_layouts_get_less_of_the_budget_and_replay_alike() -
         steer.observe("valid", c, fault=False)
     for c in large[:4]:
         steer.observe("valid", c, fault=True)
-    decided = [steer.admits((0, 1, i), "valid", c) for i, c in enumerate(large)]
+    draws = [large[i % len(large)] for i in range(400)]
+    decided = [steer.admits((0, 1, i), "valid", c) for i, c in enumerate(draws)]
     run = sum(ok for ok, _ in decided)
-    assert run < len(large) / 2 and run >= 1  # less, never nothing
+    assert run < len(draws) / 8 and run >= 1  # far less, never nothing
     why = {describe_feature(w) for ok, w in decided if not ok}
     assert why and all(">=" in w for w in why), why
     assert all(steer.admits((0, 2, i), "valid", c)[0] for i, c in enumerate(small))
@@ -98,7 +99,7 @@ def test_draws_like_faulting_layouts_get_less_of_the_budget_and_replay_alike() -
     state = steer.state((0, 1, 30))
     again = Steering(seed=1, state=state)
     assert [again.admits((0, 1, i), "valid", c, replay=True)[0] for i, c in
-            enumerate(large[:30])] == [ok for ok, _ in decided[:30]]
-    assert [again.admits((0, 1, i), "valid", c)[0] for i, c in enumerate(large[30:], 30)] \
+            enumerate(draws[:30])] == [ok for ok, _ in decided[:30]]
+    assert [again.admits((0, 1, i), "valid", c)[0] for i, c in enumerate(draws[30:], 30)] \
         == [ok for ok, _ in decided[30:]]
     assert MIN_SHARE > 0 and len(features("valid", small[0])) > 10

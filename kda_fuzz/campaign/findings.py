@@ -18,7 +18,8 @@ from typing import Any
 
 from kda_fuzz.campaign.channel import ExitReason, Stop
 from kda_fuzz.campaign.minimize import minimize_with_verdict
-from kda_fuzz.campaign.runner import Failure, Target, minimizable
+from kda_fuzz.campaign.runner import HARD_KINDS, Failure, Target, minimizable
+from kda_fuzz.campaign.supervisor import candidate_timeout, minimized_detail
 from kda_fuzz.corpus.store import CaseTooLarge, save_failure
 from kda_fuzz.engine.contract import Contract
 from kda_fuzz.engine.oracle import Outcome, run_case
@@ -164,12 +165,10 @@ class FindingSaver:
                     self._idle.notify_all()
 
     def _isolated(self, f: Failure) -> None:
-        if not (minimizable(f.verdict) or f.verdict.kind == "crash") or " vs " in f.target \
-                or f.verdict.kind in ("timeout", "flaky"):
+        if not _wants_minimizing(f) or self._out_of_time():
             return
-        if self._out_of_time():
-            return
-        with IsolatedTarget(self.contract, f.target, timeout=self.timeout, device=self.device,
+        with IsolatedTarget(self.contract, f.target, device=self.device,
+                            timeout=candidate_timeout(f.verdict, self.timeout),
                             **self.judging) as iso:  # type: ignore[arg-type]
             with self._lock:
                 if self.stopped is not None:
@@ -199,7 +198,8 @@ class FindingSaver:
                                                   f.verdict, run=run, seconds=seconds)
         except _Cut:
             return
-        f.original, f.case, f.verdict = f.case, case, verdict
+        f.original, f.case, f.verdict = f.case, case, minimized_detail(f.verdict, verdict,
+                                                                       self.timeout)
         if seconds < self.shrink_seconds and time.monotonic() >= end:
             f.note = (f.note + "; " if f.note else "") + (
                 "partly minimized: minimization cut short by the --max-seconds deadline")
@@ -239,8 +239,9 @@ class FindingSaver:
 
 
 def _wants_minimizing(f: Failure) -> bool:
-    return (minimizable(f.verdict) or f.verdict.kind == "crash") and " vs " not in f.target \
-        and f.verdict.kind not in ("timeout", "flaky")
+    """Minimized in an isolated worker: what the campaign can re-run, and crashes and hangs
+    (each candidate may kill the worker); not flaky failures, not peer disagreements."""
+    return (minimizable(f.verdict) or f.verdict.kind in HARD_KINDS) and " vs " not in f.target
 
 
 def _kill(iso: IsolatedTarget) -> None:

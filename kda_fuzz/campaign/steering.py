@@ -30,7 +30,7 @@ from kda_fuzz.engine.case import Case
 # (round, arm within the job, example within the arm's run): runner.Position
 Position = tuple[int, int, int]
 
-MIN_SHARE = 1 / 16  # the least share of its draws a faulting signature keeps
+MIN_SHARE = 1 / 64  # the least share of its draws a faulting signature keeps
 
 Feature = tuple[Any, ...]
 

@@ -61,6 +61,7 @@ from kda_fuzz.campaign.channel import (
 )
 from kda_fuzz.campaign.minimize import minimize_with_verdict
 from kda_fuzz.campaign.runner import (
+    HARD_KINDS,
     Campaign,
     CampaignOptions,
     Failure,
@@ -72,7 +73,7 @@ from kda_fuzz.campaign.runner import (
     minimizable,
 )
 from kda_fuzz.campaign.steering import note as shifted_note
-from kda_fuzz.campaign.timeouts import Calibration, describe, merged, store_size
+from kda_fuzz.campaign.timeouts import Calibration, confirm_limit, describe, merged, store_size
 from kda_fuzz.campaign.timeouts import note as timeout_note
 from kda_fuzz.engine.oracle import EnvironmentFailure, device_error
 from kda_fuzz.engine.verdict import Verdict
@@ -148,6 +149,8 @@ class Job:
     options: CampaignOptions
     resume: tuple[Position, dict[str, Any]] | None = None
     hard: dict[Position, tuple[int, Verdict]] = field(default_factory=dict)
+    # the calls past their calibrated limit, run again under a longer one (seconds)
+    relaxed: dict[Position, float] = field(default_factory=dict)
     seen: frozenset[tuple[Any, ...]] = frozenset()  # signatures of failures already kept
     isolate: bool = True  # keep the flight record (else: no restart after a crash)
     launched: float = 0.0  # time.monotonic() when the supervisor started the process
@@ -158,9 +161,11 @@ class _SharedRecorder(Recorder):
     """A job's flight record in shared memory, and its progress messages."""
 
     def __init__(self, record: Any, send: Callable[[Position], None], device: str,
-                 flight: bool = True, calibration: Calibration | None = None) -> None:
+                 flight: bool = True, calibration: Calibration | None = None,
+                 relaxed: dict[Position, float] | None = None) -> None:
         self.record, self.send, self.device, self.flight = record, send, device, flight
         self.calibration = calibration  # None: the supervisor's fixed timeout
+        self.relaxed = relaxed or {}  # position -> the limit of its confirming re-run
         self.last = 0.0
         self._case: Any = None
         self._timing: tuple[int, float] | None = None  # (target, start) of a call to time
@@ -185,6 +190,8 @@ class _SharedRecorder(Recorder):
         cal, case = self.calibration, self._case
         if cal is not None and case is not None:
             r[LIMIT] = cal.limit(target, case)
+        if position in self.relaxed:
+            r[LIMIT] = self.relaxed[position]
         r[SINCE] = time.monotonic()
         self._timing = (target, r[SINCE])
         r[STATE] = CALLING
@@ -279,7 +286,8 @@ def _run_job(job: Job, conn: Any, stop: Any, record: Any) -> None:
                 else JobRepeat(job.index, f.signature, snapshot(where)))
 
         rec = _SharedRecorder(record, lambda pos: put(JobProgress(job.index, snapshot(pos))),
-                              device, flight=job.isolate, calibration=calibration)
+                              device, flight=job.isolate, calibration=calibration,
+                              relaxed=job.relaxed)
         c = Campaign(contract, job.variant, targets, peers=peers, options=options,
                      on_failure=on_failure, stop=stop.is_set, recorder=rec,
                      resume=job.resume, hard=job.hard, seen=job.seen)
@@ -348,6 +356,10 @@ class Supervisor:
         self.states: list[_JobState] = []
         self.restarts = 0
         self.hang_limits: list[float] = []  # the limit in force at each hang
+        self.rerun_hangs: list[float] = []  # calls past their limit run again (their limit)
+        self._confirmed: set[int] = set()  # targets with a hang confirmed by a re-run
+        self.rerun_hung = 0  # of those re-runs, the ones that did not return either
+        self._first_limit: dict[int, float] = {}  # target -> the limit its first hang passed
         self._t0 = 0.0
 
     # ------------------------------------------------------------------ lifecycle
@@ -479,6 +491,8 @@ class Supervisor:
         out = describe(store, names, self.timeout)
         out["hangs"] = len(self.hang_limits)
         out["hang_limits_seconds"] = sorted({round(x, 3) for x in self.hang_limits})
+        out["rerun"] = len(self.rerun_hangs)  # calls past their limit run again once
+        out["rerun_returned"] = len(self.rerun_hangs) - self.rerun_hung
         return out
 
     def summaries(self) -> list[dict[str, Any]]:
@@ -574,11 +588,7 @@ class Supervisor:
             s.proc.kill()
             s.proc.join(timeout=10)
             self._drain(0.0)
-            self.hang_limits.append(limit)
-            how = "" if limit >= self.timeout else (
-                f" (the calibrated per-call timeout; --timeout {self.timeout:g} s is its "
-                "ceiling)")
-            self._restart(s, "timeout", "no-return", f"did not return within {limit:.3g} s{how}")
+            self._hung(s, limit)
             return
         if s.proc.is_alive():
             if not calling and now - s.last_message > STALL_SECONDS:
@@ -607,40 +617,93 @@ class Supervisor:
             self._restart(s, "crash", "process-died",
                           f"the process running the target died ({ended})")
 
-    def _restart(self, s: _JobState, kind: str, what: str, detail: str) -> None:
-        """Record the hard fault at the job's flight position and start the job again from
+    def _hung(self, s: _JobState, limit: float) -> None:
+        """The job's call did not return within ``limit``: the first such call of a target
+        is run again under a longer limit (``timeouts.confirm_limit``), a call that does
+        not return then either (or a later one) is a ``timeout`` finding."""
+        r = s.record
+        pos: Position = (int(r[ROUND]), int(r[ARM]), int(r[EXAMPLE]))
+        target = int(r[TARGET])
+        rerun = s.spec.relaxed.get(pos)
+        longer = confirm_limit(limit, self.timeout)
+        if rerun is None and target not in self._confirmed and longer > limit:
+            self.rerun_hangs.append(limit)
+            self._first_limit[target] = limit
+            self._restart(s, relax=(pos, longer))
+            return
+        self._confirmed.add(target)
+        self.hang_limits.append(limit)
+        self.rerun_hung += rerun is not None
+        how = "" if limit >= self.timeout else (
+            f" (the calibrated per-call timeout; --timeout {self.timeout:g} s is its ceiling)")
+        if rerun is not None:
+            how = (" when run again, after it had not returned within its calibrated per-call "
+                   f"timeout (--timeout {self.timeout:g} s is the ceiling)")
+        # the limit its smaller variants get while it is minimized: the calibrated one
+        calibrated = self._first_limit.get(target, limit) if rerun is not None else limit
+        self._restart(s, "timeout", "no-return", f"did not return within {limit:.3g} s{how}",
+                      extra={"limit_seconds": round(calibrated, 3)})
+
+    def _restart(self, s: _JobState, kind: str = "", what: str = "", detail: str = "", *,
+                 relax: tuple[Position, float] | None = None,
+                 extra: dict[str, Any] | None = None) -> None:
+        """Record the hard fault at the job's flight position (``relax``: none; that
+        position's call is run again under the given limit) and start the job again from
         its last progress message."""
         r = s.record
         pos: Position = (int(r[ROUND]), int(r[ARM]), int(r[EXAMPLE]))
         target = int(r[TARGET])
-        verdict = Verdict(kind, what, detail)  # type: ignore[arg-type]
         resume = s.snapshot if s.snapshot is not None and s.snapshot[0] <= pos else None
         start = resume[0] if resume is not None else (0, 0, 0)
         hard = {p: h for p, h in s.spec.hard.items() if p >= start}
-        hard[pos] = (target, verdict)
+        relaxed = {p: t for p, t in s.spec.relaxed.items() if p >= start and p != pos}
+        if relax is not None:
+            relaxed[relax[0]] = relax[1]
+        else:
+            hard[pos] = (target, Verdict(kind, what, detail,  # type: ignore[arg-type]
+                                         extra=dict(extra or {})))
         s.restarts += 1
         self.restarts += 1
         seen = frozenset(self._kept)
-        spec = Job(**{**s.spec.__dict__, "resume": resume, "hard": hard, "seen": seen})
+        spec = Job(**{**s.spec.__dict__, "resume": resume, "hard": hard, "relaxed": relaxed,
+                      "seen": seen})
         self._start(spec, s)
+
+
+def candidate_timeout(verdict: Verdict, timeout: float) -> float:
+    """The per-candidate timeout of a failure's minimization: for a hang, the limit it
+    was found past (its calibrated timeout: a smaller case is no slower), else
+    ``timeout``."""
+    limit = verdict.extra.get("limit_seconds") if verdict.kind == "timeout" else None
+    return min(timeout, float(limit)) if limit else timeout
+
+
+def minimized_detail(found: Verdict, minimized: Verdict, timeout: float) -> Verdict:
+    """``minimized`` (the verdict on the minimized case), its detail saying where a hang's
+    limit came from."""
+    if minimized.kind != "timeout" or candidate_timeout(found, timeout) >= timeout:
+        return minimized
+    return replace(minimized, detail=f"{minimized.detail} (the calibrated per-call timeout "
+                   f"the campaign found it past; --timeout {timeout:g} s is the ceiling)")
 
 
 def minimize_failures(contract: Any, failures: list[Failure], *, device: str,
                       timeout: float, shrink_seconds: float, workers: int = 1,
                       messages: str = "exact", strict: bool = False) -> None:
     """Minimize each distinct failure in place, its candidates judged in an isolated worker
-    (a crash is minimized too, within ``shrink_seconds``; hangs, flaky failures and peer
-    disagreements are kept as found)."""
+    (crashes and hangs too, within ``shrink_seconds``: :func:`candidate_timeout`; flaky
+    failures and peer disagreements are kept as found)."""
     def one(f: Failure) -> None:
-        if not (minimizable(f.verdict) or f.verdict.kind == "crash") or " vs " in f.target:
+        if not (minimizable(f.verdict) or f.verdict.kind in HARD_KINDS) or " vs " in f.target:
             return
-        with IsolatedTarget(contract, f.target, timeout=timeout, device=device,
-                            messages=messages, strict=strict) as iso:
+        with IsolatedTarget(contract, f.target, timeout=candidate_timeout(f.verdict, timeout),
+                            device=device, messages=messages, strict=strict) as iso:
             f.original = f.case
-            f.case, f.verdict = minimize_with_verdict(
+            f.case, verdict = minimize_with_verdict(
                 contract, f.case, None, f.verdict, run=iso.run, seconds=shrink_seconds)
+            f.verdict = minimized_detail(f.verdict, verdict, timeout)
 
-    todo = [f for f in failures if f.verdict.kind not in ("timeout", "flaky")]
+    todo = [f for f in failures if f.verdict.kind != "flaky"]
     if not todo:
         return
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(todo)))) as pool:
@@ -648,5 +711,5 @@ def minimize_failures(contract: Any, failures: list[Failure], *, device: str,
             fut.result()
 
 
-__all__ = ["JobError", "Supervisor", "auto_jobs", "claim_device", "device_for",
-           "minimize_failures"]
+__all__ = ["JobError", "Supervisor", "auto_jobs", "candidate_timeout", "claim_device",
+           "device_for", "minimize_failures", "minimized_detail"]

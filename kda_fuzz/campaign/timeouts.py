@@ -14,8 +14,11 @@ the supervisor enforces for it (``parallel``'s flight record):
 * before any call of the target has returned: the ceiling (``--timeout``; its first call
   may compile: never a hang below it);
 
-never below ``FLOOR`` seconds (a slow but returning call on a loaded machine is no hang)
-nor above the ceiling. What was learned lives in a plain
+never below ``FLOOR`` seconds nor above the ceiling. A call past its limit is not yet a
+hang: the first one of a target is run again under :func:`confirm_limit` (AFL re-runs a
+hang with a longer timeout likewise), so that a slow but returning call on a loaded
+machine is never reported; only one that does not return then either is a ``timeout``
+finding, and the limits stay calibrated for the rest. What was learned lives in a plain
 array of floats (the job's shared flight record), so it survives the job's restarts.
 """
 
@@ -27,7 +30,8 @@ from typing import Any
 
 from kda_fuzz.engine.case import Case
 
-FLOOR = 10.0  # seconds: no call is a hang before this (a loaded machine, a GC pause)
+FLOOR = 2.0  # seconds: no call is a hang before this (a GC pause, a page fault storm)
+CONFIRM_FLOOR = 20.0  # seconds the re-run of a target's first call past its limit may take
 MULTIPLE = 10.0  # the limit is this many times the slowest comparable call seen
 MAX_SCALE = 8.0  # a larger class extrapolated from a smaller one: at most this many times
 CLASSES = 64  # size classes: bit lengths of a case's tensor element count
@@ -122,6 +126,12 @@ class Calibration:
         return min(self.ceiling, max(self.floor, self.multiple * expect))
 
 
+def confirm_limit(limit: float, ceiling: float) -> float:
+    """The limit of the re-run that confirms a call past ``limit`` as a hang: ``MULTIPLE``
+    times it, at least ``CONFIRM_FLOOR`` seconds, at most the ceiling."""
+    return min(ceiling, max(CONFIRM_FLOOR, MULTIPLE * limit))
+
+
 class _Slice:
     """``store[offset:]`` as a writable view (a shared array's slice is a copy)."""
 
@@ -172,9 +182,12 @@ def describe(store: MutableSequence[float], targets: list[str], ceiling: float, 
 def note(summary: dict[str, Any]) -> str:
     """One summary line: the timeout in force per target."""
     parts = [f"{name} {t['in_force_seconds']:g} s" for name, t in summary["targets"].items()]
+    back = summary.get("rerun_returned", 0)
     return (f"calibrated per-call timeout ({summary['policy']}): in force at the end: "
-            + ", ".join(parts))
+            + ", ".join(parts) + (f"; {back} call(s) past it returned when run again under a "
+                                  "longer limit: slow, not hung" if back else ""))
 
 
-__all__ = ["CLASSES", "FLOOR", "MULTIPLE", "Calibration", "describe", "merged", "note",
+__all__ = ["CLASSES", "CONFIRM_FLOOR", "FLOOR", "MULTIPLE", "Calibration", "confirm_limit",
+           "describe", "merged", "note",
            "shape_key", "size_class", "store_size"]

@@ -37,11 +37,13 @@ def _ensure_fork_server() -> None:
     stays ignored across ``exec``). A SIGTERM to the whole process group (``timeout``,
     ``docker stop``, a CI runner) would otherwise end the server, and multiprocessing then
     takes every worker it forked for dead (exit code 255) while the supervisor is still
-    stopping them in order. SIGINT the server ignores itself. Only the main thread may
-    change a handler: elsewhere the server starts as multiprocessing starts it."""
+    stopping them in order. SIGINT the server ignores itself. Only the main thread of
+    the main process does it (only it may change a handler); elsewhere the server starts
+    as multiprocessing starts it."""
     from multiprocessing import forkserver
 
-    if threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread() \
+            or mp.parent_process() is not None:  # a worker's own workers: as multiprocessing does
         return
     old = signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
