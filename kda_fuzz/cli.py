@@ -185,6 +185,10 @@ def _fuzz_parser(sub: Any) -> None:
                         "the rest to the whole space")
     c.add_argument("--layout-share", type=float, metavar="X", default=0.75,
                    help="share of the valid examples spent on --layout pins (default 0.75)")
+    c.add_argument("--seed-layouts", action="append", default=[], metavar="DIR|FILE",
+                   help="corpus files (a folder's *.json, recursively) whose cases run first, "
+                        "as they are, before any draw (a seed corpus: e.g. your corpus "
+                        "folder); files of another family are left out; repeatable")
     t.add_argument("--unsupported", action="append", default=[],
                    metavar="FEATURE|FIELD=VALUE",
                    help="what the targets do not support, never drawn for them: a feature "
@@ -530,6 +534,7 @@ def _fuzz(args: argparse.Namespace, signals: Any = None) -> int:
         max_failures=args.max_failures, messages=args.messages, strict=args.strict,
         history=bool(args.report), **_shaping(args, contract))
     options.update(_pinned(args, contract))
+    options["seeds"], seed_notes = _seed_layouts(args.seed_layouts, contract)
     if shard is not None:  # the plan of the whole campaign, this shard's share of it
         from kda_fuzz.campaign.shard import DEFAULT_SEED
 
@@ -554,6 +559,7 @@ def _fuzz(args: argparse.Namespace, signals: Any = None) -> int:
         targets, peers = _loaded(specs, contract), _loaded(peer_specs, contract)
         db = _example_db(args, contract, [*targets, *peers])
         report_notes = [*_pin_notes(options, [*targets, *peers], contract, args.contract),
+                        *seed_notes,
                         *_calibrated(args, contract, targets, peers, options)]
         share = None
         if shard is not None:
@@ -723,6 +729,36 @@ def _pinned(args: argparse.Namespace, contract: Any) -> dict[str, Any]:
         raise UsageError(str(e)) from None
     return {"layouts": tuple(layouts), "layout_share": args.layout_share,
             "unsupported": tuple(dict.fromkeys(unsupported))}
+
+
+def _seed_layouts(paths: Sequence[str], contract: Any) -> tuple[tuple[str, ...], list[str]]:
+    """The corpus files of ``--seed-layouts`` for ``contract``'s family, each checked now
+    (a file that does not decode is a usage error), and the summary's note."""
+    if not paths:
+        return (), []
+    from kda_fuzz.corpus.store import load_case
+
+    files: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            files += sorted(p.rglob("*.json"))
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise UsageError(f"--seed-layouts {p}: no such file or folder")
+    mine, other = [], 0
+    for f in files:
+        try:
+            case, _, _ = load_case(f)
+        except Exception as e:  # a bad file is the user's to fix: say which one
+            raise UsageError(f"--seed-layouts: {f}: {e}") from None
+        if case.contract == contract.name:
+            mine.append(str(f))
+        else:
+            other += 1
+    note = (f"seed layouts: {len(mine)} corpus case(s) run first, as they are"
+            + (f" ({other} file(s) of other families left out)" if other else ""))
+    return tuple(mine), [note]
 
 
 def _pin_notes(options: dict[str, Any], targets: list[Any], contract: Any,

@@ -79,3 +79,40 @@ def test_bad_pins_are_usage_errors():
     assert r.returncode == 2 and "preset" in r.stderr
     r = _fuzz("--target", "tests.hostile_capabilities:no_lower_bound", "--unsupported", "K=3")
     assert r.returncode == 2
+
+
+def test_seed_layouts_run_first_as_they_are(tmp_path: Path) -> None:
+    """Corpus files given as seeds are the campaign's first examples: a bug that only the
+    seed's layout shows (a padding row wrapping to the last slot) is found at example 1;
+    the CLI takes a folder, leaves out other families' files and says so."""
+    from kda_fuzz.campaign.runner import Target, campaign
+    from kda_fuzz.corpus.store import save_case
+    from kda_fuzz.families.kda.layouts import KdaLayout, build
+    from tests.mutants import pad_wrap
+
+    case = build(KdaLayout(B=6, H=1, HV=2, K=4, V=4, padding="some", seed=3), "triton")
+    seeds = tmp_path / "seeds"
+    path = save_case(case, None, seeds, description="a seed")
+    gdn = next(p for p in sorted((ROOT / "corpus").rglob("*.json"))
+               if json.loads(p.read_text())["contract"]["family"] == "gdn")
+    (seeds / gdn.name).write_text(gdn.read_text())
+    rep = campaign(KDA, "triton", [Target("pad_wrap", pad_wrap)], max_examples=5, seed=1,
+                   seeds=(str(path),))
+    assert rep.seeds == 1 and rep.examples == 1 and rep.failures
+    assert rep.failures[0].found_example == 1 and rep.failures[0].case.describe() == \
+        case.describe()
+    r = subprocess.run([sys.executable, "-m", "kda_fuzz", "fuzz", "--target",
+                        "tests.mutants:correct_triton", "--contract", "triton", "--seed-layouts",
+                        str(seeds), "--max-examples", "3", "--seed", "1", "--no-save",
+                        "--json"], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert summary["seed_layouts"] == 1 and summary["examples"] == 4
+    assert any("1 corpus case(s) run first" in n and "1 file(s) of other families" in n
+               for n in summary["notes"]), summary["notes"]
+    bad = subprocess.run([sys.executable, "-m", "kda_fuzz", "fuzz", "--seed-layouts",
+                          str(tmp_path / "nowhere"), "--contract", "triton"], cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                         text=True, timeout=600)
+    assert bad.returncode == 2 and "no such file or folder" in bad.stderr, bad.stderr

@@ -87,6 +87,7 @@ class Report:
     valid_cases: int = 0
     broken_cases: int = 0
     skipped: int = 0
+    seeds: int = 0  # of ``examples``: seed cases run (CampaignOptions.seeds)
     seconds: float = 0.0
     seed: int | None = None
     checks_hit: Counter = field(default_factory=Counter)
@@ -124,7 +125,7 @@ class Report:
     shifted: Counter = field(default_factory=Counter)
 
     COUNTERS = ("examples", "rows", "live_rows", "tail_rows", "valid_cases", "broken_cases",
-                "skipped", "compiles", "compiling_seconds", "startup_seconds",
+                "skipped", "seeds", "compiles", "compiling_seconds", "startup_seconds",
                 "unexecutable", "unexecutable_valid")
 
     def record(self, outcome: Outcome, case: Case, stratum: str = "valid") -> None:
@@ -236,6 +237,7 @@ class Report:
             "valid_cases": self.valid_cases,
             "broken_cases": self.broken_cases,
             "skipped_unjudgeable": self.skipped,
+            "seed_layouts": self.seeds,
             "failures": len(self.failures),
             "failure_details": [
                 {"target": f.target, **f.verdict.to_json(), "count": f.count,
@@ -459,6 +461,8 @@ class CampaignOptions:
     layout_share: float = 0.75
     # what the targets do not support (Contract.restrict): never drawn
     unsupported: tuple[str, ...] = ()
+    # corpus files whose cases run first, as they are (libFuzzer's seed corpus)
+    seeds: tuple[str, ...] = ()
 
 
 def campaign_plan(contract: Contract, variant: str, o: CampaignOptions) -> list[Arm]:
@@ -528,7 +532,7 @@ class Campaign:
                              seed=self.options.seed)
         self.on_example, self.on_failure, self.stop = on_example, on_failure, stop
         self.recorder = recorder or Recorder()
-        self.resume_at: Position = (0, 0, 0)
+        self.resume_at: Position = (-1, 0, 0)  # seeds run at (-1, 0, i) (see _run_seeds)
         if resume is not None:
             self.resume_at = resume[0]
             self.report.add_counters(resume[1])
@@ -572,6 +576,12 @@ class Campaign:
         self._deadline = deadline
         arms = self.arms()
         largest = self._largest or max((a.examples for a in arms), default=1)
+        try:
+            self._run_seeds(deadline)
+        except _Stopped:
+            arms = []
+        except _Halt as h:
+            raise h.error from None
         with _global_constants_only():
             self._run_rounds(arms, largest, deadline)
         if self.contract.status is not None:
@@ -579,6 +589,32 @@ class Campaign:
         self.recorder.progress(END)
         self.report.seconds = time.monotonic() - t0
         return self.report
+
+    def _run_seeds(self, deadline: float | None) -> None:
+        """Run this job's share of the seed cases (``options.seeds``: corpus files of the
+        contract's family) before any draw, at positions ``(-1, 0, i)``."""
+        o = self.options
+        parts = o.shard[1] * o.job[1]
+        mine = o.job[0] * o.shard[1] + o.shard[0]
+        self._stratum = "seed"
+        for i, path in enumerate(o.seeds):
+            pos: Position = (-1, 0, i)
+            if i % parts != mine or pos < self.resume_at:
+                continue
+            if deadline is not None and time.monotonic() > deadline:
+                raise _Stopped
+            case = load_seed(self.contract, path)
+            if o.device != "cpu":
+                case = case.on(o.device)
+            self._pos = [-1, 0, i]
+            self.report.seeds += 1
+            try:
+                self._example(pos, case)
+            except (_Stopped, _Halt):
+                raise
+            except Exception as e:  # an error of the fuzzer or of the environment
+                raise _Halt(e) from e
+            self.recorder.progress((-1, 0, i + 1))
 
     def _run_rounds(self, arms: list[Arm], largest: int, deadline: float | None) -> None:
         """Run the arms interleaved (:func:`kda_fuzz.campaign.interleave.schedule`): in every round
@@ -804,6 +840,21 @@ class Campaign:
                         v.where, {**v.extra, "reproduced": same, "reruns": runs,
                                   "first_kind": v.kind})
         return Failure(failure.case, flaky, failure.target)
+
+
+def load_seed(contract: Contract, path: str) -> Case:
+    """The case of the corpus file ``path`` as a seed of a ``contract`` campaign; raises
+    ``ValueError`` for a file of another family or one that does not decode."""
+    from kda_fuzz.corpus.store import load_case
+
+    try:
+        case, _, _ = load_case(path)
+    except Exception as e:  # a bad file is the user's to fix: say which one
+        raise ValueError(f"seed layout {path}: {e}") from e
+    if case.contract != contract.name:
+        raise ValueError(f"seed layout {path} is a {case.contract!r} case, the campaign "
+                         f"fuzzes {contract.name!r}")
+    return case
 
 
 def share_of(contract: Contract, variant: str, options: CampaignOptions, jobs: int

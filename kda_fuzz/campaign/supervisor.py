@@ -654,7 +654,7 @@ class Supervisor:
         pos: Position = (int(r[ROUND]), int(r[ARM]), int(r[EXAMPLE]))
         target = int(r[TARGET])
         resume = s.snapshot if s.snapshot is not None and s.snapshot[0] <= pos else None
-        start = resume[0] if resume is not None else (0, 0, 0)
+        start = resume[0] if resume is not None else (-1, 0, 0)
         hard = {p: h for p, h in s.spec.hard.items() if p >= start}
         relaxed = {p: t for p, t in s.spec.relaxed.items() if p >= start and p != pos}
         if relax is not None:
