@@ -399,21 +399,6 @@ def _loaded(specs: list[str], contract: Any) -> list[Any]:
     return targets
 
 
-def _scale_figures(report: Any) -> str:
-    """`; largest B ..., ... s per case (6 % of the jobs' time)` for the scale note."""
-    big = report.scale_largest
-    spent = report.stratum_seconds.get("scale", 0.0)
-    n = sum(report.judged.values())
-    total = sum(report.stratum_seconds.values())
-    out = ""
-    if big:
-        out += "; largest " + ", ".join(f"{k} {v:,}" for k, v in big.items())
-    if spent and n and total:
-        out += (f"; {spent / n:.2f} s per scale case, {100 * spent / total:.0f} % of the jobs' "
-                "time")
-    return out
-
-
 def _target_specs(args: argparse.Namespace, contract: Any) -> tuple[list[str], list[str]]:
     """The ``MODULE:CALLABLE`` names of the targets and peers (nothing imported), as
     :func:`_choose` chose them."""
@@ -663,12 +648,8 @@ def _wrap_up(args: argparse.Namespace, contract: Any, report: Any, new: list[Any
     if args.jobs == "auto":
         report.notes.insert(0, f"--jobs auto: {_jobs(args)} job(s)")
     require_executed(report)
-    if report.judged:
-        report.notes.append(
-            f"scale stratum: {report.judged.get('full', 0)} case(s) judged on every live row, "
-            f"{report.judged.get('sampled', 0)} on a sample of rows (first and last, the one "
-            "naming slot num_slots-1, those around 65,535/65,536 in B and B*HV order, the "
-            "rest at random); every untouched cell checked bit-exactly" + _scale_figures(report))
+    if contract.report_notes is not None:
+        report.notes += contract.report_notes(report)
     if corpus and report.failures:
         _save(report, contract, corpus, args, done=saver.settled)
     if share is not None:

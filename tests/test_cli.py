@@ -37,7 +37,8 @@ def test_buggy_target_exits_1_and_saves_into_corpus_found(tmp_path: Path) -> Non
     """Without --corpus the minimized case goes to corpus/found under the current
     directory, where the pytest plugin collects it."""
     r = _run("fuzz", "--target", "tests.mutants:pad_wrap", "--contract", "triton",
-             "--max-examples", "300", "--seed", "1", "--json", cwd=tmp_path)
+             "--max-examples", "300", "--seed", "1", "--json", "--shrink-seconds", "5",
+             cwd=tmp_path)
     assert r.returncode == 1, r.stderr
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     # the campaign keeps going: the wrapped padding row shows as distinct failures (the
@@ -53,13 +54,18 @@ def test_buggy_target_exits_1_and_saves_into_corpus_found(tmp_path: Path) -> Non
 
 def test_no_save_writes_no_corpus(tmp_path: Path) -> None:
     r = _run("fuzz", "--target", "tests.mutants:pad_wrap", "--contract", "triton",
-             "--max-examples", "300", "--seed", "1", "--json", "--no-save", cwd=tmp_path)
+             "--max-examples", "60", "--seed", "1", "--json", "--no-save",
+             "--shrink-seconds", "2", cwd=tmp_path)
     assert r.returncode == 1, r.stderr
     assert json.loads(r.stdout.strip().splitlines()[-1])["saved"] == []
     assert not (tmp_path / "corpus").exists()
 
 
-def test_usage_errors_exit_2() -> None:
+def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    """Each usage error exits 2 with its line, no traceback (in this process: the console
+    script's own start-up is timed in test_cli_front)."""
+    from kda_fuzz.cli import main as cli_main
+
     for args in (["fuzz", "--target", "no_such_module_xyz:f"],
                  ["fuzz", "--target", "tests.mutants:no_such_callable"],
                  ["fuzz", "--target", "missing_colon"],
@@ -75,10 +81,11 @@ def test_usage_errors_exit_2() -> None:
                  ["fuzz", "--target", "tests.hostile_targets:three_arguments"],
                  ["replay", "--device", "cuda", "corpus"],
                  []):
-        r = _run(*args)
-        assert r.returncode == 2, (args, r.stdout, r.stderr)
-        assert r.stderr.strip(), args
-        assert "Traceback" not in r.stderr, (args, r.stderr)
+        code = cli_main(args)
+        out, err = capsys.readouterr()
+        assert code == 2, (args, out, err)
+        assert err.strip(), args
+        assert "Traceback" not in err, (args, err)
 
 
 def test_a_target_that_cannot_bind_the_arguments_is_named_and_nothing_is_saved(
@@ -118,8 +125,8 @@ def test_parallel_jobs_survive_an_aborting_target_and_save_it(tmp_path: Path) ->
 
 def test_report_writes_one_self_contained_html_file(tmp_path: Path) -> None:
     r = _run("fuzz", "--target", "tests.mutants:pad_wrap", "--contract", "triton",
-             "--max-examples", "100", "--seed", "1", "--no-save", "--report",
-             str(tmp_path / "rep"), cwd=tmp_path)
+             "--max-examples", "100", "--seed", "1", "--no-save", "--shrink-seconds", "2",
+             "--report", str(tmp_path / "rep"), cwd=tmp_path)
     assert r.returncode == 1, r.stderr
     [page] = (tmp_path / "rep").glob("*.html")
     html = page.read_text()

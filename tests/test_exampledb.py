@@ -90,6 +90,7 @@ def _distinct(summary: dict) -> list[tuple]:
             for d in summary["failure_details"]]
 
 
+@pytest.mark.slow  # two sharded campaigns through the CLI
 def test_a_failure_found_by_one_shard_is_replayed_first_by_the_next_run_of_another(
         redis_url: str, tmp_path: Path) -> None:
     import redis
@@ -176,16 +177,21 @@ def test_isolated_replay_of_a_crash_entry(tmp_path: Path) -> None:
     assert [f.verdict.kind for f in replay.failures] == ["crash"]
 
 
-def test_unusable_databases_are_usage_errors(tmp_path: Path) -> None:
+def test_unusable_databases_are_usage_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    from kda_fuzz.cli import main as cli_main
+
     (tmp_path / "file").write_text("x")
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    monkeypatch.chdir(tmp_path)
     for url in (f"redis://127.0.0.1:{port}/0", str(tmp_path / "file")):
-        r = _run("fuzz", "--target", MUTANT, "--contract", "triton", "--max-examples", "5",
-                 "--example-db", url, cwd=tmp_path)
-        assert r.returncode == 2, (url, r.stderr)
-        assert len(r.stderr.strip().splitlines()) == 1 and "--example-db" in r.stderr
+        code = cli_main(["fuzz", "--target", MUTANT, "--contract", "triton",
+                         "--max-examples", "5", "--example-db", url])
+        err = capsys.readouterr().err
+        assert code == 2, (url, err)
+        assert len(err.strip().splitlines()) == 1 and "--example-db" in err
     assert not (tmp_path / "corpus").exists()
     assert redact("redis://u:secret@h:1/0") == "redis://u:***@h:1/0"
 

@@ -144,6 +144,7 @@ def test_pairs_of_consecutive_checks_have_their_own_strata() -> None:
     assert len(pairs) >= 15
 
 
+@pytest.mark.slow  # every pair: a long property run (each breakage alone is in the fast tier)
 @pytest.mark.parametrize("variant", ["helion", "triton"])
 def test_every_pair_of_breakages_builds(variant: str) -> None:
     """Any two breakages together (an earlier one may change a tensor's rank) build a case

@@ -442,7 +442,6 @@ def test_documented_contract_gaps_are_not_failures_unless_strict() -> None:
     """A target that follows the documented checks only returns on HV = 0 and changes
     nothing: a validation gap of the contract by default, a failure under --strict; one
     that writes on such a layout, or raises another type, fails either way."""
-    from kda_fuzz.campaign.runner import Target, campaign
     from kda_fuzz.families.kda.layouts import KdaLayout, build
     from tests import mutants
 
@@ -458,6 +457,13 @@ def test_documented_contract_gaps_are_not_failures_unless_strict() -> None:
         return args[7], args[6]
 
     assert run_case(KDA, hv0, writes).verdict.what == "wrote-on-degenerate-layout"
+
+
+@pytest.mark.slow  # three campaigns
+def test_campaigns_against_the_documented_checks_see_gaps_not_failures_unless_strict() -> None:
+    from kda_fuzz.campaign.runner import Target, campaign
+    from tests import mutants
+
     twin = [Target("documented", mutants.documented_helion)]
     rep = campaign(KDA, "helion", twin, max_examples=600, seed=4, max_failures=20)
     assert not rep.failures, [f.verdict.summary() for f in rep.failures]
@@ -472,6 +478,7 @@ def test_documented_contract_gaps_are_not_failures_unless_strict() -> None:
     assert "wrong-exception-type" in {f.verdict.what for f in zero_k.failures}
 
 
+@pytest.mark.slow  # three campaigns
 def test_message_class_policy_counts_wording_and_judges_the_rest() -> None:
     from kda_fuzz.campaign.runner import Target, campaign
     from tests import mutants

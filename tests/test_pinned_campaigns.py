@@ -72,13 +72,20 @@ def test_unsupported_features_are_not_drawn():
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
 
 
-def test_bad_pins_are_usage_errors():
-    r = _fuzz("--target", "tests.hostile_capabilities:no_lower_bound", "--layout", "H=3,HV=4")
-    assert r.returncode == 2 and "multiple" in r.stderr
-    r = _fuzz("--target", "tests.hostile_capabilities:no_lower_bound", "--layout", "served")
-    assert r.returncode == 2 and "preset" in r.stderr
-    r = _fuzz("--target", "tests.hostile_capabilities:no_lower_bound", "--unsupported", "K=3")
-    assert r.returncode == 2
+def test_bad_pins_are_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    from kda_fuzz.cli import main as cli_main
+
+    def fuzz(*args: str) -> tuple[int, str]:  # in this process: the pins are checked early
+        code = cli_main(["fuzz", "--contract", "triton", "--no-save", "--seed", "1",
+                         "--target", "tests.hostile_capabilities:no_lower_bound", *args])
+        return code, capsys.readouterr().err
+
+    code, err = fuzz("--layout", "H=3,HV=4")
+    assert code == 2 and "multiple" in err
+    code, err = fuzz("--layout", "served")
+    assert code == 2 and "preset" in err
+    code, err = fuzz("--unsupported", "K=3")
+    assert code == 2 and err.strip()
 
 
 def test_seed_layouts_run_first_as_they_are(tmp_path: Path) -> None:

@@ -429,9 +429,11 @@ class _Halt(BaseException):
         self.error = error
 
 
-@dataclass
+@dataclass(frozen=True)
 class CampaignOptions:
-    """How a campaign draws and judges (see ``plan`` for the shaping knobs)."""
+    """How a campaign draws and judges (see ``plan`` for the shaping knobs): resolved once
+    from the command line or a caller, passed whole to jobs, changed only by
+    ``dataclasses.replace``."""
 
     device: str = "cpu"
     max_examples: int = 200
@@ -527,7 +529,7 @@ class Campaign:
             self.options = replace(self.options, unsupported=tuple(dict.fromkeys(
                 [*self.options.unsupported, *declared])))
         if self.options.seed is None:
-            self.options.seed = random.randrange(2**31)
+            self.options = replace(self.options, seed=random.randrange(2**31))
         self.report = Report(contract.name, variant, [t.name for t in self.targets],
                              seed=self.options.seed)
         self.on_example, self.on_failure, self.stop = on_example, on_failure, stop

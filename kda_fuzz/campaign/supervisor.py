@@ -261,7 +261,7 @@ def _run_job(job: Job, conn: Any, stop: Any, record: Any) -> None:
         peers = [load_target(p) for p in job.peers]
         if job.wrap is not None:
             targets = [Target(t.name, job.wrap(t.fn)) for t in targets]
-        options = CampaignOptions(**{**job.options.__dict__, "device": device})
+        options = replace(job.options, device=device)
         holder: list[Campaign] = []
         n_targets = len(targets) + len(peers)
         calibration = Calibration(record, n_targets, job.timeout, offset=CALIBRATION) \
@@ -346,9 +346,9 @@ class Supervisor:
         self.interrupted: Stop | None = None  # set by ``interrupt`` (a signal handler)
         self.stopped: Stop | None = None  # why the campaign ended early, if it did
         if options.seed is None:
-            options.seed = random.randrange(2**31)
-        if options.families:
-            options.families = max(options.families, jobs)  # one family per job at least
+            options = replace(options, seed=random.randrange(2**31))
+        if options.families:  # one family per job at least
+            options = replace(options, families=max(options.families, jobs))
         self.options = options
         self.ctx = worker_context()  # never a fork of a process with CUDA or a thread pool
         self.stop = self.ctx.Event()
@@ -387,15 +387,15 @@ class Supervisor:
         if self.states:
             return
         self._t0 = time.monotonic()
-        o = self.options
-        o.origin = self._t0  # the jobs' history times count from here
-        if o.max_seconds is not None and o.deadline is None:
-            o.deadline = self._t0 + o.max_seconds
+        o = self.options = replace(  # the jobs' history times count from here
+            self.options, origin=self._t0, deadline=self.options.deadline if (
+                self.options.deadline is not None or self.options.max_seconds is None)
+            else self._t0 + self.options.max_seconds)
         n = self.jobs
         self.states = [
             self._start(Job(j, n, self.contract, self.variant, tuple(self.targets),
                             tuple(self.peers), o.device, self.wrap,
-                            CampaignOptions(**{**o.__dict__, "job": (j, n)}),
+                            replace(o, job=(j, n)),
                             isolate=self.isolate, timeout=self.timeout))
             for j in range(n)
         ]

@@ -255,6 +255,9 @@ class Contract:
     scale: ScaleStratum | None = None
     judge_budget: bool = False
     status: Callable[[], list[str]] | None = None
+    # the facts the family adds to a campaign's summary, from its report (e.g. how its
+    # scale stratum's cases were judged)
+    report_notes: Callable[[Any], list[str]] | None = None
     # breakage name -> the check it aims at (None: a semantic rule), per variant
     aims: Callable[[str], Mapping[str, int | None]] | None = None
     # pins (for valid_cases/broken_cases) that leave out what a target does not support

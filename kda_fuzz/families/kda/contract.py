@@ -176,4 +176,5 @@ CONTRACT = Contract(
     scale=ScaleStratum(kda_scale.scale_cases, kda_scale.device_budget),
     judge_budget=True,  # judge(..., budget={}) reports the error budget used
     status=packed_judge.fused_status,  # says so when the fused GPU judge turned itself off
+    report_notes=kda_scale.report_notes,
 )

@@ -476,3 +476,29 @@ def _untouched_verdict(case: Case, before: torch.Tensor, after: torch.Tensor,
     return Verdict("mismatch", "untouched-state-written",
                    f"state pool cells outside the live slots changed ({what})",
                    output="initial_state")
+
+
+def report_notes(report: Any) -> list[str]:
+    """The summary's line on the scale stratum: how its cases were judged, the largest
+    sizes reached, its cost."""
+    if not report.judged:
+        return []
+    return [f"scale stratum: {report.judged.get('full', 0)} case(s) judged on every live row, "
+            f"{report.judged.get('sampled', 0)} on a sample of rows (first and last, the one "
+            "naming slot num_slots-1, those around 65,535/65,536 in B and B*HV order, the "
+            "rest at random); every untouched cell checked bit-exactly" + _scale_figures(report)]
+
+
+def _scale_figures(report: Any) -> str:
+    """`; largest B ..., ... s per case (6 % of the jobs' time)` for the scale note."""
+    big = report.scale_largest
+    spent = report.stratum_seconds.get("scale", 0.0)
+    n = sum(report.judged.values())
+    total = sum(report.stratum_seconds.values())
+    out = ""
+    if big:
+        out += "; largest " + ", ".join(f"{k} {v:,}" for k, v in big.items())
+    if spent and n and total:
+        out += (f"; {spent / n:.2f} s per scale case, {100 * spent / total:.0f} % of the jobs' "
+                "time")
+    return out
