@@ -164,8 +164,9 @@ def main() -> None:
         if r.get("stratum_rows"):  # where the verified rows come from
             print(f"{r['mode']:18} rows/s by stratum: " + ", ".join(
                 f"{k} {v / r['wall']:,.0f}" for k, v in sorted(r["stratum_rows"].items())))
-        for note in r.get("notes", []):
-            if note.startswith("scale stratum"):
+        for note in r.get("notes", []):  # the stratum, and what restarts cost
+            if note.startswith("scale stratum") or "restart" in note \
+                    or "calibrated per-call timeout" in note:
                 print(f"{r['mode']:18} {note}")
     rate = {m: [r["examples"] / r["wall"] for r in rows if r["mode"] == m]
             for m in ("cli-default", "cli-no-isolate")}

@@ -139,7 +139,12 @@ def make(bugs: frozenset[str] | set[str] = frozenset(), variant: str = "triton"
         out[rows, 0] = o.to(out.dtype)
         if "k_major_state" in bugs:
             S = S.transpose(-1, -2).reshape(R, HV, V, K)
-        pool[slots] = S.to(initial_state.dtype)
+        # rows that wrap onto one slot: the last row's write wins, every time (an indexed
+        # write with repeated indices lands in any order: the bug would look flaky)
+        last = torch.full((n_slots,), -1, dtype=torch.long, device=slots.device).scatter_reduce(
+            0, slots, torch.arange(R, device=slots.device), "amax")
+        keep = last[last >= 0]
+        pool[slots[keep]] = S[keep].to(initial_state.dtype)
         return out, initial_state
 
     decode.__name__ = "_".join(sorted(bugs)) or "correct"

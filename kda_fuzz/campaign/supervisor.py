@@ -77,6 +77,7 @@ from kda_fuzz.campaign.timeouts import Calibration, confirm_limit, describe, mer
 from kda_fuzz.campaign.timeouts import note as timeout_note
 from kda_fuzz.engine.oracle import EnvironmentFailure, device_error
 from kda_fuzz.engine.verdict import Verdict
+from kda_fuzz.execution import compiles
 from kda_fuzz.families import get_contract
 from kda_fuzz.workers.isolate import IsolatedTarget
 from kda_fuzz.workers.process import exit_with_parent, how_it_ended, worker_context, worker_process
@@ -189,7 +190,7 @@ class _SharedRecorder(Recorder):
         r[ROUND], r[ARM], r[EXAMPLE], r[TARGET] = (*position, target)
         cal, case = self.calibration, self._case
         if cal is not None and case is not None:
-            r[LIMIT] = cal.limit(target, case)
+            r[LIMIT] = cal.limit(target, case, compiling=compiles.totals().count > 0)
         if position in self.relaxed:
             r[LIMIT] = self.relaxed[position]
         r[SINCE] = time.monotonic()

@@ -14,7 +14,10 @@ the supervisor enforces for it (``parallel``'s flight record):
 * before any call of the target has returned: the ceiling (``--timeout``; its first call
   may compile: never a hang below it);
 
-never below ``FLOOR`` seconds nor above the ceiling. A call past its limit is not yet a
+never below ``FLOOR`` seconds (``COMPILE_FLOOR`` for a call that may compile, a first
+call of a new shape or process, once the process has seen the target's kernels compile:
+compile times vary with the shape and with the jobs compiling beside it) nor above the
+ceiling. A call past its limit is not yet a
 hang: the first one of a target is run again under :func:`confirm_limit` (AFL re-runs a
 hang with a longer timeout likewise), so that a slow but returning call on a loaded
 machine is never reported; only one that does not return then either is a ``timeout``
@@ -31,6 +34,7 @@ from typing import Any
 from kda_fuzz.engine.case import Case
 
 FLOOR = 2.0  # seconds: no call is a hang before this (a GC pause, a page fault storm)
+COMPILE_FLOOR = 10.0  # ... nor a call that may compile, of a target seen compiling
 CONFIRM_FLOOR = 20.0  # seconds the re-run of a target's first call past its limit may take
 MULTIPLE = 10.0  # the limit is this many times the slowest comparable call seen
 MAX_SCALE = 8.0  # a larger class extrapolated from a smaller one: at most this many times
@@ -85,18 +89,22 @@ class Calibration:
                 return self.store[base + c] * min(MAX_SCALE, 2.0 ** (cls - c))
         return max((self.store[base + c] for c in range(CLASSES)), default=0.0)
 
-    def limit(self, target: int, case: Case) -> float:
-        """Seconds the call of ``target`` (its index) on ``case`` may take."""
+    def limit(self, target: int, case: Case, compiling: bool = False) -> float:
+        """Seconds the call of ``target`` (its index) on ``case`` may take; ``compiling``:
+        this process has seen kernels compile."""
         base = target * SLOTS
         warm, compile_ = self.store[base + WARM], self.store[base + COMPILE]
         if warm <= 0:
             return self.ceiling  # nothing has returned yet: anything may be a compile
         expect = self._slowest(target, size_class(case))
+        floor = self.floor
         if not any(t == target for t, _ in self._shapes):
             expect = max(expect, warm, compile_)
+            floor = max(floor, COMPILE_FLOOR if compiling else 0.0)
         elif (target, shape_key(case)) not in self._shapes or expect <= 0:
             expect = max(expect, compile_ or warm)
-        out = min(self.ceiling, max(self.floor, self.multiple * expect))
+            floor = max(floor, COMPILE_FLOOR if compiling else 0.0)
+        out = min(self.ceiling, max(floor, self.multiple * expect))
         self.largest = max(self.largest, out)
         return out
 
@@ -188,6 +196,6 @@ def note(summary: dict[str, Any]) -> str:
                                   "longer limit: slow, not hung" if back else ""))
 
 
-__all__ = ["CLASSES", "CONFIRM_FLOOR", "FLOOR", "MULTIPLE", "Calibration", "confirm_limit",
-           "describe", "merged", "note",
-           "shape_key", "size_class", "store_size"]
+__all__ = ["CLASSES", "COMPILE_FLOOR", "CONFIRM_FLOOR", "FLOOR", "MULTIPLE", "Calibration",
+           "confirm_limit", "describe", "merged", "note", "shape_key", "size_class",
+           "store_size"]
