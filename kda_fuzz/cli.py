@@ -148,6 +148,11 @@ def _fuzz_parser(sub: Any) -> None:
     t.add_argument("--strict", action="store_true",
                    help="hold targets to the hardened contract: degenerate layouts that the "
                         "documented checks let through (holes: HV = 0, V = 0) must raise too")
+    t.add_argument("--invariance", choices=("tolerance", "bitwise", "off"), default="tolerance",
+                   help="batch invariance: one valid example in 16 re-runs its rows alone and "
+                        "in reverse order, each judged against the reference (tolerance, the "
+                        "default); bitwise: they must also equal the whole batch's rows bit "
+                        "for bit (what deterministic serving asks; the contract does not)")
     c = f.add_argument_group("campaign")
     c.add_argument("--max-examples", type=int, metavar="N", default=300,
                    help="examples in the campaign (default 300); every stratum takes "
@@ -221,6 +226,10 @@ def _fuzz_parser(sub: Any) -> None:
                    new="--compile-groups", help=argparse.SUPPRESS)
     g.add_argument("--no-bucket", action="store_true",
                    help="do not round B up to powers of four with padding rows on cuda")
+    g.add_argument("--cuda-graphs", action="store_true",
+                   help="also capture one valid example in 4 in a CUDA graph and judge its "
+                        "replay on other values of the same buffers, as serving engines run "
+                        "decode (the contract does not ask it: opt-in)")
     i = f.add_argument_group("isolation")
     i.add_argument("--jobs", "-j", default=None, metavar="N|auto",
                    help="run the campaign's plan as N supervised processes, each with its "
@@ -319,6 +328,8 @@ def check_fuzz_args(args: argparse.Namespace) -> None:
         raise UsageError("--max-examples must be at least 1")
     if args.max_failures < 1:
         raise UsageError("--max-failures must be at least 1")
+    if args.cuda_graphs and not str(args.device).startswith("cuda"):
+        raise UsageError("--cuda-graphs needs --device cuda")
     if not 0 <= args.valid_share <= 1:
         raise UsageError("--valid-share must be between 0 and 1")
     if args.scale_share is not None and not 0 <= args.scale_share <= 1:
@@ -517,7 +528,8 @@ def _fuzz(args: argparse.Namespace, signals: Any = None) -> int:
         device=args.device, max_examples=args.max_examples, seed=args.seed,
         valid_share=args.valid_share, max_seconds=args.max_seconds,
         max_failures=args.max_failures, messages=args.messages, strict=args.strict,
-        history=bool(args.report), **_shaping(args, contract))
+        invariance=args.invariance, cuda_graphs=args.cuda_graphs, history=bool(args.report),
+        **_shaping(args, contract))
     options.update(_pinned(args, contract))
     options["seeds"], seed_notes = _seed_layouts(args.seed_layouts, contract)
     if shard is not None:  # the plan of the whole campaign, this shard's share of it
@@ -650,6 +662,15 @@ def _wrap_up(args: argparse.Namespace, contract: Any, report: Any, new: list[Any
     require_executed(report)
     if contract.report_notes is not None:
         report.notes += contract.report_notes(report)
+    if report.graph_checks:
+        report.notes.append(f"CUDA graphs: {report.graph_checks} valid case(s) also captured "
+                            "once and replayed on other values of the same buffers")
+    if report.batch_checks:
+        report.notes.append(
+            f"batch invariance (--invariance {args.invariance}): {report.batch_checks} valid "
+            "case(s) re-run in other batches (a row alone, the rows reversed), judged like any "
+            "case" + (" and compared bit for bit with the whole batch's rows"
+                      if args.invariance == "bitwise" else ""))
     if corpus and report.failures:
         _save(report, contract, corpus, args, done=saver.settled)
     if share is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -33,3 +34,31 @@ def grid_y_rows_heads(*args):
     if out.dim() == 4 and out.numel():
         _touch[(1, out.shape[0] * out.shape[2])](out)
     return reference_kda_packed_decode(*args)
+
+
+def reads_a_gate_on_the_host(*args):
+    """The project's Triton kernel, after reading ``A_log[0]`` on the host first (a check
+    that syncs): fine eagerly, but a CUDA graph cannot capture it."""
+    from kda_fuzz_kernels.kda_decode import fused_recurrent_kda_packed_decode
+
+    if args[3].numel() and float(args[3][0]) > 1e30:
+        raise ValueError("A_log out of range")
+    return fused_recurrent_kda_packed_decode(*args)
+
+
+_gates: dict[int, torch.Tensor] = {}
+
+
+def remembers_its_gates(*args):
+    """The project's Triton kernel, but a call made while a CUDA graph captures uses the
+    copy of ``A_log`` that the last eager call on the same buffer made (as a launcher that
+    caches a prepared argument would): always right eagerly, stale when the graph is
+    replayed on other values."""
+    from kda_fuzz_kernels.kda_decode import fused_recurrent_kda_packed_decode
+
+    a_log = args[3]
+    if torch.cuda.is_current_stream_capturing():
+        a_log = _gates.get(a_log.data_ptr(), a_log)
+    else:
+        _gates[a_log.data_ptr()] = a_log.clone()
+    return fused_recurrent_kda_packed_decode(args[0], args[1], args[2], a_log, *args[4:])

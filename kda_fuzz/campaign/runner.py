@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import random
 import time
+import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -25,7 +26,9 @@ from kda_fuzz.engine.oracle import (
     EnvironmentFailure,
     Messages,
     Outcome,
+    batch_variance,
     expectation,
+    graph_replay,
     run_case,
     run_peers,
 )
@@ -88,6 +91,8 @@ class Report:
     broken_cases: int = 0
     skipped: int = 0
     seeds: int = 0  # of ``examples``: seed cases run (CampaignOptions.seeds)
+    batch_checks: int = 0  # valid examples whose rows were re-run in other batches
+    graph_checks: int = 0  # valid examples also replayed from a CUDA graph
     seconds: float = 0.0
     seed: int | None = None
     checks_hit: Counter = field(default_factory=Counter)
@@ -125,8 +130,9 @@ class Report:
     shifted: Counter = field(default_factory=Counter)
 
     COUNTERS = ("examples", "rows", "live_rows", "tail_rows", "valid_cases", "broken_cases",
-                "skipped", "seeds", "compiles", "compiling_seconds", "startup_seconds",
-                "unexecutable", "unexecutable_valid")
+                "skipped", "seeds", "batch_checks", "graph_checks", "compiles",
+                "compiling_seconds",
+                "startup_seconds", "unexecutable", "unexecutable_valid")
 
     def record(self, outcome: Outcome, case: Case, stratum: str = "valid") -> None:
         """Count one judged example (its first target's outcome) of ``stratum``; the rows
@@ -238,6 +244,8 @@ class Report:
             "broken_cases": self.broken_cases,
             "skipped_unjudgeable": self.skipped,
             "seed_layouts": self.seeds,
+            "batch_invariance_checks": self.batch_checks,
+            "cuda_graph_checks": self.graph_checks,
             "failures": len(self.failures),
             "failure_details": [
                 {"target": f.target, **f.verdict.to_json(), "count": f.count,
@@ -465,6 +473,15 @@ class CampaignOptions:
     unsupported: tuple[str, ...] = ()
     # corpus files whose cases run first, as they are (libFuzzer's seed corpus)
     seeds: tuple[str, ...] = ()
+    # batch invariance (Contract.batch): one valid example in ``invariance_every`` has its
+    # rows re-run in other batches, judged like any case ("tolerance") and also compared
+    # bitwise with the whole batch's ("bitwise"); "off": never
+    invariance: str = "tolerance"
+    invariance_every: int = 16
+    # CUDA-graph mode (cuda): one valid example in ``graph_every`` is also captured in a
+    # CUDA graph and replayed on other values (oracle.graph_replay)
+    cuda_graphs: bool = False
+    graph_every: int = 4
 
 
 def campaign_plan(contract: Contract, variant: str, o: CampaignOptions) -> list[Arm]:
@@ -729,6 +746,10 @@ class Campaign:
                 self.on_example(self.report)
             return
         assert first is not None
+        if first.status == "pass" and self._batch_turn(pos, first):
+            self._batch_invariance(pos, case)
+        if first.status == "pass" and self._graph_turn(pos, first):
+            self._graph(pos, case)
         for peer in self.peers if first.status == "pass" else ():
             main = self.targets[0]
             pair = run_peers(self.contract, case, [(main.name, main.fn), (peer.name, peer.fn)])
@@ -744,6 +765,55 @@ class Campaign:
             self.stopped = Stop(ExitReason.MAX_FAILURES,
                                 f"{len(self.report.failures)} distinct failures (--max-failures)")
             raise _Stopped
+
+    def _batch_turn(self, pos: Position, first: Outcome) -> bool:
+        """Whether this passing example's rows are re-run in other batches."""
+        o = self.options
+        return (o.invariance != "off" and self.contract.batch is not None
+                and first.expectation.ok and self._stratum != "scale"
+                and zlib.crc32(f"batch:{o.seed}:{pos}".encode()) % max(1, o.invariance_every)
+                == 0)
+
+    def _batch_invariance(self, pos: Position, case: Case) -> None:
+        """Re-run the case's rows in the family's sub-batches on each target: each judged
+        as a case of its own, and under ``bitwise`` compared with the whole batch's rows."""
+        assert self.contract.batch is not None
+        self.report.batch_checks += 1
+        for index, target in enumerate(self.targets[:len(self.targets) - len(self.peers)]):
+            for _, sub, _ in self.contract.batch.sub_batches(case):
+                outcome = self._judge(pos, index, sub, target)
+                if outcome.status == "fail" and outcome.verdict is not None:
+                    self._failed(sub, outcome.verdict, target, pos=pos, index=index)
+                    return
+            if self.options.invariance != "bitwise":
+                continue
+            self.recorder.expect(case)
+            with self.recorder.settle():
+                v = batch_variance(self.contract, case, target.fn,
+                                   guard=lambda i=index: self.recorder.call(pos, i))
+            if v.status == "fail" and v.verdict is not None:
+                marked = replace(case, notes={**case.notes, "invariance": "bitwise"})
+                self._failed(marked, v.verdict, target, pos=pos, index=index)
+                return
+
+    def _graph_turn(self, pos: Position, first: Outcome) -> bool:
+        """Whether this passing example is also replayed from a CUDA graph."""
+        o = self.options
+        return (o.cuda_graphs and first.expectation.ok and self._stratum != "scale"
+                and zlib.crc32(f"graph:{o.seed}:{pos}".encode()) % max(1, o.graph_every) == 0)
+
+    def _graph(self, pos: Position, case: Case) -> None:
+        """Capture the case in a CUDA graph on each target and judge its replay on other
+        values of the same buffers."""
+        self.report.graph_checks += 1
+        for index, target in enumerate(self.targets[:len(self.targets) - len(self.peers)]):
+            self.recorder.expect(case)
+            with self.recorder.settle(), self.recorder.call(pos, index):
+                outcome = graph_replay(self.contract, case, target.fn)
+            if outcome.status == "fail" and outcome.verdict is not None:
+                marked = replace(case, notes={**case.notes, "graph": True})
+                self._failed(marked, outcome.verdict, target, pos=pos, index=index)
+                return
 
     def _judge(self, pos: Position, index: int, case: Case, target: Target,
                budget: bool = False) -> Outcome:

@@ -77,6 +77,18 @@ class Unjudgeable(Exception):
 
 
 @dataclass(frozen=True)
+class BatchInvariance:
+    """How a family re-runs a valid case's rows in other batches (a row's result must not
+    depend on the rest of its batch): ``sub_batches(case)`` gives ``(name, sub_case,
+    rows)`` (the sub-case's row ``j`` is the case's row ``rows[j]``), ``differs(case,
+    full, sub_case, sub, rows)`` where the outputs (the call's arguments after it) of the
+    two differ bitwise, in words (None: nowhere)."""
+
+    sub_batches: Callable[[Case], list[tuple[str, Case, list[int]]]]
+    differs: Callable[[Case, dict[str, Any], Case, dict[str, Any], list[int]], str | None]
+
+
+@dataclass(frozen=True)
 class Expectation:
     """What a correct implementation does with a layout."""
 
@@ -255,6 +267,8 @@ class Contract:
     scale: ScaleStratum | None = None
     judge_budget: bool = False
     status: Callable[[], list[str]] | None = None
+    # batch invariance: sub-batches of a valid case and where their rows differ bitwise
+    batch: BatchInvariance | None = None
     # the facts the family adds to a campaign's summary, from its report (e.g. how its
     # scale stratum's cases were judged)
     report_notes: Callable[[Any], list[str]] | None = None

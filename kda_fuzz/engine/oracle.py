@@ -5,12 +5,12 @@ from __future__ import annotations
 import contextlib
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import torch
 
-from kda_fuzz.engine.case import Case
+from kda_fuzz.engine.case import Case, TensorArg
 from kda_fuzz.engine.contract import Contract, Expectation, Unjudgeable
 from kda_fuzz.engine.verdict import Verdict
 
@@ -213,7 +213,107 @@ def run_case(contract: Contract, case: Case, target: Callable[..., Any], *,
             "mismatch", "outputs-unreadable",
             f"the oracle could not read the caller's tensors after the call: "
             f"{type(e).__name__}: {e}"))
+    if v is None and case.notes.get("invariance") == "bitwise" and contract.batch is not None:
+        return batch_variance(contract, case, target, kwargs=kwargs)  # a saved finding
+    if v is None and case.notes.get("graph"):  # a saved finding of the CUDA-graph mode
+        return graph_replay(contract, case, target)
     return Outcome("fail" if v else "pass", exp, v, budget=used or None)
+
+
+def batch_variance(contract: Contract, case: Case, target: Callable[..., Any], *,
+                   kwargs: dict[str, Any] | None = None,
+                   guard: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
+                   ) -> Outcome:
+    """Run a valid case's sub-batches (``contract.batch``) and compare their rows with
+    the full batch's bitwise: ``fail`` with a ``batch-variant`` verdict where they differ.
+    ``kwargs``: the full batch's arguments after a call already made. A sub-batch the
+    target raises on is left to the campaign's own judging (each is a valid case)."""
+    exp = expectation(contract, case)
+    assert contract.batch is not None and exp.ok
+    if kwargs is None:
+        kwargs, _ = case.materialize()
+        with (guard or contextlib.nullcontext)():
+            target(*call_args(contract, kwargs))
+    for name, sub_case, rows in contract.batch.sub_batches(case):
+        sub, _ = sub_case.materialize()
+        try:
+            with (guard or contextlib.nullcontext)():
+                target(*call_args(contract, sub))
+        except Exception:  # judged as a case of its own, not here
+            continue
+        where = contract.batch.differs(case, kwargs, sub_case, sub, rows)
+        if where is not None:
+            return Outcome("fail", exp, Verdict(
+                "mismatch", "batch-variant",
+                f"rows re-run {'alone' if name == 'alone' else 'in another order'} "
+                f"({name}: rows {rows[:8]}{'...' if len(rows) > 8 else ''}) differ bitwise "
+                f"from the same rows of the whole batch: {where}",
+                extra={"sub_batch": name, "rows": rows[:64]}))
+    return Outcome("pass", exp)
+
+
+def rolled_values(case: Case) -> Case:
+    """The same layout with other values: each floating view's elements rolled by one
+    (guard cells and integer tensors as they are)."""
+    tensors = {}
+    for name, t in case.tensors.items():
+        if t.device.type == "meta" or not t.dtype.is_floating_point:
+            tensors[name] = t
+            continue
+        base = t.base.clone()
+        arg = TensorArg(base, t.shape, t.stride, t.offset)
+        view = arg.view(base)
+        if view.numel() > 1:
+            view.copy_(view.flatten().roll(1).view(view.shape))
+        tensors[name] = arg
+    return replace(case, tensors=tensors)
+
+
+def graph_replay(contract: Contract, case: Case, target: Callable[..., Any]) -> Outcome:
+    """Judge ``target`` replayed from a CUDA graph captured on ``case`` (see the module)."""
+    exp = expectation(contract, case)
+    if not exp.ok or case.notes.get("semantic"):
+        return Outcome("pass", exp)
+    if not any(t.device.type == "cuda" for t in case.tensors.values()):
+        raise EnvironmentFailure("CUDA-graph replay needs the case on a CUDA device")
+    fresh = rolled_values(case)
+    kwargs, bases = case.materialize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    try:
+        with torch.cuda.stream(side):
+            target(*call_args(contract, kwargs))
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+    except Exception:  # an eager failure: the eager judge's to report
+        return Outcome("pass", exp)
+    for name, base in bases.items():
+        base.copy_(case.tensors[name].base)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            result = target(*call_args(contract, kwargs))
+    except Exception as e:
+        torch.cuda.synchronize()
+        return Outcome("fail", exp, Verdict(
+            "mismatch", "graph-capture-failed",
+            f"capturing one call in a CUDA graph raised {type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}", extra={"graph": True}))
+    for name, base in bases.items():
+        base.copy_(fresh.tensors[name].base)
+    graph.replay()
+    torch.cuda.synchronize()
+    before = {n: t.base for n, t in fresh.tensors.items()}
+    try:
+        v = contract.judge(fresh, kwargs, before, bases, result)
+    except Unjudgeable as e:
+        return Outcome("skip", exp, note=str(e), rules_held=True)
+    if v is None:
+        return Outcome("pass", exp)
+    return Outcome("fail", exp, replace(
+        v, what=f"graph-{v.what}", extra={**v.extra, "graph": True},
+        detail="replayed from a CUDA graph captured on other values of the same buffers: "
+               + v.detail))
 
 
 def run_peers(contract: Contract, case: Case,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 Kind = Literal["contract", "mismatch", "crash", "timeout", "flaky"]
@@ -72,6 +72,10 @@ class Verdict:
 
     def behaviour(self) -> tuple[Any, ...]:
         """What the target did (see :meth:`signature`)."""
+        if self.extra.get("graph") and self.what.startswith("graph-"):  # under graph replay
+            eager = replace(self, what=self.what[len("graph-"):],
+                            extra={k: v for k, v in self.extra.items() if k != "graph"})
+            return ("graph", *eager.behaviour())
         if self.kind == "flaky":
             inner = Verdict(self.extra.get("first_kind", "mismatch"), self.what, self.detail,
                             self.check, self.message, self.output, extra=self.extra)

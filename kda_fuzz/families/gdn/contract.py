@@ -36,6 +36,7 @@ from kda_fuzz.engine.verdict import Verdict
 from kda_fuzz.families.gdn import layouts as gdn_layouts
 from kda_fuzz.families.kda import contract as kda
 from kda_fuzz.families.kda.layouts import KdaLayout
+from kda_fuzz.families.packed import invariance as packed_invariance
 from kda_fuzz.families.packed import judge as packed_judge
 from kda_fuzz.families.packed import pins
 from kda_fuzz.families.packed import tolerance as tol
@@ -146,4 +147,5 @@ CONTRACT = Contract(
     probe=_probe,
     judge_budget=True,
     status=packed_judge.fused_status,  # the shared fused GPU judge (one gate per value head)
+    batch=packed_invariance.BATCH,
 )

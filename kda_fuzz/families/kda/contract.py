@@ -42,6 +42,7 @@ from kda_fuzz.engine.contract import (
 from kda_fuzz.engine.verdict import Verdict
 from kda_fuzz.families.kda import layouts as kda_layouts
 from kda_fuzz.families.kda import scale as kda_scale
+from kda_fuzz.families.packed import invariance as packed_invariance
 from kda_fuzz.families.packed import judge as packed_judge
 from kda_fuzz.families.packed import pins
 from kda_fuzz.families.packed.judge import Fused, Reference, pow2
@@ -177,4 +178,5 @@ CONTRACT = Contract(
     judge_budget=True,  # judge(..., budget={}) reports the error budget used
     status=packed_judge.fused_status,  # says so when the fused GPU judge turned itself off
     report_notes=kda_scale.report_notes,
+    batch=packed_invariance.BATCH,
 )

@@ -1,0 +1,91 @@
+"""Batch invariance of a packed decode step: a row's result must not depend on which other
+rows share its batch, nor on its place in it.
+
+A valid case yields two sub-batches: its first live row alone, and all its rows in
+reverse order. Each keeps everything else of the case as it is (dtypes, strides and
+offsets of every tensor, guard cells, the whole state pool), so that only the batch
+changes. ``differs`` compares a sub-batch's rows with the same rows of the full batch,
+bitwise: ``out`` row by row, and the state slot each live row names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from kda_fuzz.engine.case import Case, TensorArg
+from kda_fuzz.engine.contract import BatchInvariance
+
+# the tensors whose first dimension is the batch (row b of each belongs to row b)
+ROWS = ("mixed_qkv", "a", "b", "out", "ssm_state_indices")
+
+
+def _take_rows(arg: TensorArg, rows: list[int]) -> TensorArg:
+    """``arg`` with only ``rows`` of its first dimension, in that order: the same strides,
+    offset and guard cells (a base as long as the fewer rows need, copied from ``arg``'s)."""
+    shape = (len(rows), *arg.shape[1:])
+    reach = sum((n - 1) * abs(s) for n, s in zip(shape, arg.stride) if n > 0)
+    need = arg.offset + reach + 1 if all(shape) else arg.offset
+    base = torch.empty(max(need, 1), dtype=arg.base.dtype, device=arg.base.device)
+    n = min(base.numel(), arg.base.numel())
+    base[:n] = arg.base[:n]
+    if n < base.numel():
+        base[n:] = 0
+    out = TensorArg(base, shape, arg.stride, arg.offset)
+    if rows and all(shape):
+        out.view(base).copy_(arg.view()[torch.tensor(rows, device=base.device)])
+    return out
+
+
+def sub_batches(case: Case) -> list[tuple[str, Case, list[int]]]:
+    """``(name, sub-case, rows)``: each sub-case's row ``j`` is the case's row ``rows[j]``.
+    None for a case with no live row or a single row."""
+    idx = case.tensors["ssm_state_indices"].view().to(torch.long).cpu()
+    B = idx.shape[0] if idx.dim() == 1 else 0
+    live = [b for b in range(B) if int(idx[b]) >= 0]
+    if not live or B < 2:
+        return []
+    out = []
+    for name, rows in (("alone", [live[0]]), ("reversed", list(range(B - 1, -1, -1)))):
+        tensors = {n: (_take_rows(t, rows) if n in ROWS else t) for n, t in case.tensors.items()}
+        sub = replace(case, tensors=tensors, notes={
+            k: v for k, v in case.notes.items() if k not in ("rows", "live_rows", "tail_rows")})
+        out.append((name, sub, rows))
+    return out
+
+
+def differs(case: Case, full: dict[str, Any], sub_case: Case, sub: dict[str, Any],
+            rows: list[int]) -> str | None:
+    """Where the sub-batch's results differ bitwise from the full batch's (None: nowhere)."""
+    idx = case.tensors["ssm_state_indices"].view().to(torch.long)
+    for j, r in enumerate(rows):
+        a, b = full["out"][r], sub["out"][j]
+        if not _same(a, b):
+            return f"`out` row {r} (row {j} of the sub-batch): {_first(a, b)}"
+        slot = int(idx[r])
+        if slot >= 0:
+            a, b = full["initial_state"][slot], sub["initial_state"][slot]
+            if not _same(a, b):
+                return f"state slot {slot} of row {r} (row {j} of the sub-batch): {_first(a, b)}"
+    return None
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}.get(a.element_size())
+    if bits is None:
+        return bool(torch.equal(a, b))
+    return bool(torch.equal(a.contiguous().view(bits), b.contiguous().view(bits)))
+
+
+def _first(a: torch.Tensor, b: torch.Tensor) -> str:
+    fa, fb = a.flatten(), b.flatten()
+    diff = ~((fa == fb) | (fa.isnan() & fb.isnan()))
+    at = int(diff.nonzero()[0, 0]) if bool(diff.any()) else 0
+    return f"element {at}: {fa[at].item()!r} in the full batch, {fb[at].item()!r} in the sub-batch"
+
+
+BATCH = BatchInvariance(sub_batches, differs)
+
+__all__ = ["BATCH", "ROWS", "differs", "sub_batches"]

@@ -1,0 +1,97 @@
+"""Batch invariance: a valid case's rows re-run alone and in reverse order."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from kda_fuzz.campaign.runner import Target, campaign, load_target
+from kda_fuzz.corpus.store import load_case, save_failure
+from kda_fuzz.engine.oracle import batch_variance, run_case
+from kda_fuzz.execution import cpu as _execution  # noqa: F401 - kernels run on CPU
+from kda_fuzz.families import get_contract
+from kda_fuzz.families.kda.layouts import KdaLayout, build
+from kda_fuzz.families.packed.invariance import sub_batches
+from kda_fuzz_kernels.kda_decode import (
+    fused_recurrent_kda_packed_decode,
+    helion_fused_recurrent_kda_packed_decode,
+)
+from kda_fuzz_kernels.kda_decode import reference_kda_packed_decode as reference
+
+KDA = get_contract("kda")
+GDN = get_contract("gdn")
+
+
+def batch_variant(*args):
+    """Correct within tolerance, but a batch of more than one row rounds differently (as a
+    kernel whose reduction order follows the batch size)."""
+    out, state = reference(*args)
+    if args[0].shape[0] > 1:
+        out.mul_(1 + 2**-20)
+    return out, state
+
+
+def test_sub_batches_keep_the_layout_and_name_the_rows():
+    case = build(KdaLayout(B=5, H=1, HV=2, K=4, V=4, padding="some", qkv_row_pad=3, guard=2,
+                           seed=3), "triton")
+    subs = sub_batches(case)
+    assert [name for name, _, _ in subs] == ["alone", "reversed"]
+    (_, alone, one), (_, rev, rows) = subs
+    assert len(one) == 1 and rows == [4, 3, 2, 1, 0]
+    for name in ("mixed_qkv", "out", "ssm_state_indices"):
+        full, sub = case.tensors[name], rev.tensors[name]
+        assert sub.stride == full.stride and sub.offset == full.offset  # only the batch moves
+        assert sub.shape[0] == 5 and alone.tensors[name].shape[0] == 1
+    assert rev.tensors["initial_state"] is case.tensors["initial_state"]  # the whole pool
+    idx, ridx = case.tensors["ssm_state_indices"].view(), rev.tensors["ssm_state_indices"].view()
+    assert ridx.tolist() == idx.flip(0).tolist()
+    assert run_case(KDA, alone, reference).status == "pass"  # each is a valid case
+
+
+@pytest.mark.parametrize("contract", [KDA, GDN], ids=["kda", "gdn"])
+def test_sub_batches_are_judged_like_any_case_and_a_correct_target_passes(contract):
+    """A vectorised torch implementation is correct but not bitwise batch-invariant (its
+    matrix products block by batch size): under the default policy, no finding."""
+    target = [load_target(contract.reference_target)]
+    rep = campaign(contract, "triton", target, max_examples=60, seed=1, valid_share=1.0,
+                   invariance_every=1, max_failures=20)
+    assert rep.batch_checks > 20 and not rep.failures, [f.verdict.summary() for f in rep.failures]
+
+
+@pytest.mark.parametrize("kernel", [fused_recurrent_kda_packed_decode,
+                                    helion_fused_recurrent_kda_packed_decode],
+                         ids=["triton", "helion"])
+def test_the_projects_kernels_are_batch_invariant_bit_for_bit(kernel):
+    """One program per row and head: a row's bits do not depend on its batch."""
+    for seed, layout in enumerate([
+            KdaLayout(B=4, H=1, HV=2, K=4, V=4, padding="some", seed=1),
+            KdaLayout(B=3, H=2, HV=4, K=8, V=4, qkv_row_pad=5, guard=3, seed=2,
+                      state_dtype=torch.bfloat16, use_qk_l2norm_in_kernel=True)]):
+        case = build(layout, "helion")
+        assert batch_variance(KDA, case, kernel).status == "pass", seed
+
+
+def test_a_batch_variant_kernel_is_found_bitwise_and_replays(tmp_path: Path):
+    t = [Target("batch_variant", batch_variant)]
+    lenient = campaign(KDA, "triton", t, max_examples=60, seed=1, valid_share=1.0,
+                       invariance="tolerance", invariance_every=1, max_failures=20)
+    assert not lenient.failures  # within tolerance: the contract allows it
+    strict = campaign(KDA, "triton", t, max_examples=60, seed=1, valid_share=1.0,
+                      invariance="bitwise", invariance_every=1, max_failures=20,
+                      budget=1 << 10)  # small: the interpreted kernel replays it below
+    [f] = [f for f in strict.failures if f.verdict.what == "batch-variant"]
+    assert f.verdict.kind == "mismatch" and "differ bitwise" in f.verdict.detail
+    path = save_failure(f, tmp_path, contract=KDA, seed=1)
+    case, _, _ = load_case(path)
+    assert case.notes["invariance"] == "bitwise"  # replayed the way it was found
+    assert run_case(KDA, case, batch_variant).verdict.what == "batch-variant"
+    # a bitwise-invariant kernel passes it (the vectorised reference is not one)
+    assert run_case(KDA, case, fused_recurrent_kda_packed_decode).status == "pass"
+
+
+def test_off_runs_no_sub_batch():
+    rep = campaign(KDA, "triton", [Target("batch_variant", batch_variant)], max_examples=40,
+                   seed=1, valid_share=1.0, invariance="off", invariance_every=1)
+    assert rep.batch_checks == 0 and not rep.failures
