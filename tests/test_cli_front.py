@@ -277,7 +277,7 @@ def test_show_prints_layout_verdict_and_reproduction() -> None:
     assert r.returncode == 2 and "no such file" in r.stderr
 
 
-@pytest.mark.parametrize("path", [KDA_FILE, BROKEN])
+@pytest.mark.parametrize("path", [KDA_FILE, pytest.param(BROKEN, marks=pytest.mark.slow)])
 def test_show_python_writes_a_script_that_reproduces_the_failure(path: Path,
                                                                  tmp_path: Path) -> None:
     r = _run("show", "--python", str(path))

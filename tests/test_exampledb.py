@@ -216,7 +216,7 @@ def _tried(log: Path) -> list[int]:
     return values
 
 
-@pytest.mark.parametrize("how", ["option", "config"])
+@pytest.mark.parametrize("how", ["option", pytest.param("config", marks=pytest.mark.slow)])
 def test_pytest_sessions_share_failing_examples(pytester: pytest.Pytester, redis_url: str,
                                                 how: str) -> None:
     """A property-based test's failing example found on one runner is the first example

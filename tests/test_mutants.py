@@ -30,7 +30,7 @@ def test_campaign_finds_planted_bug(name: str) -> None:
         report.failures[0].verdict.summary())
 
 
-@pytest.mark.parametrize("variant", ["helion", "triton"])
+@pytest.mark.parametrize("variant", [pytest.param("helion", marks=pytest.mark.slow), "triton"])
 def test_correct_twins_give_no_failure(variant: str) -> None:
     twin = mutants.correct_helion if variant == "helion" else mutants.correct_triton
     report = campaign(KDA, variant, [Target("correct", twin)], max_examples=400, seed=11)

@@ -239,7 +239,7 @@ def test_derived_contract_from_the_user_guide(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "23:" in r.stdout  # the new check was hit
     r = run("fuzz", *common, "--target", "my_project.decode:unchecked",
-            "--corpus", "corpus/found")
+            "--corpus", "corpus/found", "--shrink-seconds", "3")
     assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
     files = sorted((proj / "corpus" / "found").glob("*.json"))
     assert files and all('"family": "kda-checked"' in f.read_text() or

@@ -94,7 +94,7 @@ def test_distinct_failures_are_kept_until_max_failures() -> None:
     assert len(one.failures) == 1 and one.examples < 300
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("seed", [1, *(pytest.param(s, marks=pytest.mark.slow) for s in (2, 3))])
 def test_a_failure_that_does_not_come_back_every_time_is_flaky(seed: int) -> None:
     from tests import hostile_targets
 
