@@ -379,3 +379,37 @@ def test_a_campaign_reports_the_largest_scale_sizes_and_the_strata_time() -> Non
     [note] = KDA.report_notes(r)  # the family's own line in the summary
     assert note.startswith("scale stratum: ") and f"B*HV {big['B*HV']:,}" in note
     assert r.to_json()["scale_largest"] == big
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(scale_layouts("triton", 1 << 40))
+def test_scale_cases_leave_out_what_the_targets_do_not_support(s) -> None:
+    """A target that declares int64 indices, fp16 state, padded strides and padding rows
+    unsupported never gets them in the scale stratum either (its limits stay)."""
+    from kda_fuzz.families.kda.scale import honour
+    from kda_fuzz.families.packed.pins import restrictions
+
+    pins = restrictions(["indices=int64", "state=float16", "strides", "padding"], "triton")
+    got = honour(s, pins)
+    p = got.layout
+    assert p.idx_dtype == torch.int32 and p.state_dtype != torch.float16
+    assert (p.qkv_row_pad, p.slot_pad, p.guard) == (0, 0, 0) and got.pad_rate == 0
+    assert (p.B, p.HV, p.K, p.V, got.kind) == (s.layout.B, s.layout.HV, s.layout.K,
+                                               s.layout.V, s.kind)
+    assert honour(s, None) is s
+
+
+def test_the_plan_hands_the_restrictions_to_the_scale_stratum() -> None:
+    from kda_fuzz.engine.contract import ScaleStratum
+
+    seen = []
+
+    def cases(variant, device, budget, pins=None):
+        seen.append(pins)
+        return KDA.scale.cases(variant, device, budget, pins=pins)
+
+    contract = replace(KDA, scale=ScaleStratum(cases, KDA.scale.device_budget))
+    restrict = KDA.restrict(["indices=int64"], "triton")
+    arms = plan(contract, "triton", 200, scale_share=0.1, scale_budget=1 << 40,
+                restrict=restrict)
+    assert any(a.stratum == "scale" for a in arms) and seen == [restrict]

@@ -326,7 +326,7 @@ def plan(contract: Contract, variant: str, max_examples: int, *, device: str = "
     around them), the rest to the whole space. ``restrict``: pins every arm honours
     (what the targets do not support is never drawn)."""
     arms_scale = _scale_arms(contract, variant, max_examples, device, scale_share,
-                             scale_budget, parts)
+                             scale_budget, parts, restrict)
     max_examples -= sum(a.examples for a in arms_scale)
     arms = _plan(contract, variant, max_examples, device=device, budget=budget,
                  valid_share=valid_share, families=families, bucket=bucket, max_b=max_b,
@@ -336,14 +336,16 @@ def plan(contract: Contract, variant: str, max_examples: int, *, device: str = "
 
 
 def _scale_arms(contract: Contract, variant: str, max_examples: int, device: str,
-                share: float, budget: int | None, parts: int) -> list[Arm]:
+                share: float, budget: int | None, parts: int,
+                restrict: Mapping[str, Any] | None = None) -> list[Arm]:
     stratum = contract.scale
     n = round(max_examples * share)
     if not n or stratum is None:
         return []
     if budget is None:
         budget = stratum.device_budget(device, parts)
-    strategy = stratum.cases(variant, device, budget) if budget else None
+    strategy = (stratum.cases(variant, device, budget, **({"pins": restrict} if restrict
+                                                          else {})) if budget else None)
     if strategy is None:
         return []
     return [Arm(f"scale:part{j}" if parts > 1 else "scale", strategy, k,

@@ -209,11 +209,12 @@ class Sizing:
 
 @dataclass(frozen=True)
 class ScaleStratum:
-    """A family's GPU-scale stratum: ``cases(variant, device, budget_bytes)`` is a
-    strategy, or None when nothing fits; ``device_budget(device, jobs)`` the bytes per
-    case a device has room for."""
+    """A family's GPU-scale stratum: ``cases(variant, device, budget_bytes, pins=...)``
+    is a strategy, or None when nothing fits (``pins``: what the targets do not support,
+    as ``Contract.restrict`` gives it, never drawn); ``device_budget(device, jobs)`` the
+    bytes per case a device has room for."""
 
-    cases: Callable[[str, str, int], SearchStrategy[Case] | None]
+    cases: Callable[..., SearchStrategy[Case] | None]
     device_budget: Callable[[str, int], int]
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import gc
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -241,16 +241,38 @@ def _with_sizes(case: Case) -> Case:
     return case
 
 
-def scale_cases(variant: str, device: str = "cpu", budget_bytes: int = 1 << 30
-                ) -> st.SearchStrategy[Case] | None:
-    """Scale cases of a variant within ``budget_bytes`` (None when none fits). On cuda,
+def scale_cases(variant: str, device: str = "cpu", budget_bytes: int = 1 << 30, *,
+                pins: Mapping[str, Any] | None = None) -> st.SearchStrategy[Case] | None:
+    """Scale cases of a variant within ``budget_bytes`` (None when none fits), within
+    ``pins`` (what the targets do not support is left out: :func:`honour`). On cuda,
     a case is checked against the device's free memory when it is built and replaced by
     its sub-stratum's cheapest case (or the cheapest of all) when it would not fit, or
     when building it runs out of this job's share of memory (then no case at all)."""
     if not fitting_kinds(budget_bytes):
         return None
     return scale_layouts(variant, budget_bytes).map(
-        lambda s: build_within_memory(s, variant, device))
+        lambda s: build_within_memory(honour(s, pins), variant, device))
+
+
+def honour(s: ScaleLayout, pins: Mapping[str, Any] | None) -> ScaleLayout:
+    """``s`` within ``pins`` (field -> allowed values, as ``packed.pins.restrictions``
+    gives them): a field whose value is left out takes the first allowed one; no padded
+    strides without ``strides``, no padding rows without ``some``."""
+    if not pins:
+        return s
+    p, pad_rate, changes = s.layout, s.pad_rate, {}
+    for name, allowed in pins.items():
+        allowed = list(allowed) if isinstance(allowed, list | tuple) else [allowed]
+        if name == "strides":
+            if True not in allowed:
+                changes.update(dict.fromkeys(("qkv_row_pad", "a_row_pad", "b_row_pad",
+                                              "slot_pad", "guard"), 0))
+        elif name == "padding":
+            if "some" not in allowed:
+                pad_rate = 0.0
+        elif hasattr(p, name) and getattr(p, name) not in allowed:
+            changes[name] = allowed[0]
+    return replace(s, layout=replace(p, **changes), pad_rate=pad_rate)
 
 
 def build_within_memory(s: ScaleLayout, variant: str, device: str) -> Case:
