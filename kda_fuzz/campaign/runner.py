@@ -629,13 +629,7 @@ class Campaign:
                 case = case.on(o.device)
             self._pos = [-1, 0, i]
             self.report.seeds += 1
-            try:
-                self._example(pos, case)
-            except (_Stopped, _Halt):
-                raise
-            except Exception as e:  # an error of the fuzzer or of the environment
-                raise _Halt(e) from e
-            self.recorder.progress((-1, 0, i + 1))
+            self._run_one(pos, case)
 
     def _run_rounds(self, arms: list[Arm], largest: int, deadline: float | None) -> None:
         """Run the arms interleaved (:func:`kda_fuzz.campaign.interleave.schedule`): in every round
@@ -707,6 +701,10 @@ class Campaign:
                 reject()  # like layouts that crashed or hung: another draw instead
         if pos < self.resume_at:
             return  # fast-forward: this example ran before the resume point
+        self._run_one(pos, case)
+
+    def _run_one(self, pos: Position, case: Case) -> None:
+        """Run the example at ``pos``, then record the progress past it."""
         try:
             self._example(pos, case)
         except (_Stopped, _Halt):
