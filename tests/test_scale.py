@@ -162,15 +162,18 @@ def small() -> object:
 
 
 def test_sampled_judge_passes_a_correct_kernel_and_says_how_it_judged(small) -> None:
-    assert _run(small, full_limit=512, limit=16) is None
-    assert small.notes["judged_mode"] == "sampled"
-    assert small.notes["judged"].startswith("sampled: 16 of ")
-    assert _run(small) is None
-    assert small.notes["judged_mode"] == "full"
-    # and through the contract's own judge, with the target's call
+    facts: dict = {}
+    assert _run(small, full_limit=512, limit=16, facts=facts) is None
+    assert facts["judged_mode"] == "sampled"
+    assert facts["judged"].startswith("sampled: 16 of ")
+    assert _run(small, facts=facts) is None
+    assert facts["judged_mode"] == "full"
+    assert "judged_mode" not in small.notes  # what the judge learned is not the case's
+    # and through the contract's own judge, with the target's call: in the outcome
     from kda_fuzz_kernels.kda_decode import reference_kda_packed_decode
 
-    assert run_case(KDA, small, reference_kda_packed_decode).status == "pass"
+    got = run_case(KDA, small, reference_kda_packed_decode)
+    assert got.status == "pass" and got.facts["judged_mode"] == "full"
 
 
 def _live_rows(case) -> torch.Tensor:

@@ -156,8 +156,8 @@ class Report:
             self.checks_hit[exp.check if exp.check is not None else f"hole:{exp.hole}"] += 1
         if outcome.status == "skip":
             self.skipped += 1
-        if case.notes.get("judged_mode"):
-            self.judged[case.notes["judged_mode"]] += 1
+        if outcome.facts and outcome.facts.get("judged_mode"):
+            self.judged[outcome.facts["judged_mode"]] += 1
         if case.notes.get("scale_sizes"):  # the family's labels -> sizes of this case
             self._largest(case.notes["scale_sizes"])
         if outcome.wording is not None:

@@ -190,7 +190,8 @@ class _SharedRecorder(Recorder):
         r[ROUND], r[ARM], r[EXAMPLE], r[TARGET] = (*position, target)
         cal, case = self.calibration, self._case
         if cal is not None and case is not None:
-            r[LIMIT] = cal.limit(target, case, compiling=compiles.totals().count > 0)
+            r[LIMIT] = cal.limit(target, case, compiling=compiles.totals().count > 0
+                                 or compiles.interpreted() > 0)
         if position in self.relaxed:
             r[LIMIT] = self.relaxed[position]
         r[SINCE] = time.monotonic()

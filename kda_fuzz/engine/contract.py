@@ -267,6 +267,9 @@ class Contract:
     probe: Callable[[int, int, str], Case] | None = None
     scale: ScaleStratum | None = None
     judge_budget: bool = False
+    # judge(..., facts={}) tells the dict what it learned (Outcome.facts: e.g. how much of
+    # a case it compared)
+    judge_facts: bool = False
     status: Callable[[], list[str]] | None = None
     # batch invariance: sub-batches of a valid case and where their rows differ bitwise
     batch: BatchInvariance | None = None

@@ -33,6 +33,7 @@ class Outcome:
     budget: dict[str, float] | None = None  # largest |got - ref| / bound per output/dtype
     cpu_seconds: float | None = None  # the calling thread's CPU time (isolated runs)
     rules_held: bool = False  # a skip (``Unjudgeable``) after every rule but the numbers held
+    facts: dict[str, Any] | None = None  # what the judge learned (``Contract.judge_facts``)
 
 
 OUT_OF_MEMORY = "not judged: out of device memory"
@@ -199,11 +200,13 @@ def run_case(contract: Contract, case: Case, target: Callable[..., Any], *,
                                             extra={"exception": type(error).__name__}))
     used: dict[str, float] | None = {} if budget and contract.judge_budget \
         else None
+    facts: dict[str, Any] = {}
+    extra: dict[str, Any] = {"facts": facts} if contract.judge_facts else {}
     try:
-        v = (contract.judge(case, kwargs, before, bases, result) if used is None
-             else contract.judge(case, kwargs, before, bases, result, budget=used))
+        v = (contract.judge(case, kwargs, before, bases, result, **extra) if used is None
+             else contract.judge(case, kwargs, before, bases, result, budget=used, **extra))
     except Unjudgeable as e:
-        return Outcome("skip", exp, note=str(e), rules_held=True)
+        return Outcome("skip", exp, note=str(e), rules_held=True, facts=facts or None)
     except torch.OutOfMemoryError:
         return Outcome("skip", exp, note=f"{OUT_OF_MEMORY} (in the oracle)")
     except Exception as e:  # e.g. the target resized or re-typed the caller's tensors
@@ -217,7 +220,7 @@ def run_case(contract: Contract, case: Case, target: Callable[..., Any], *,
         return batch_variance(contract, case, target, kwargs=kwargs)  # a saved finding
     if v is None and case.notes.get("graph"):  # a saved finding of the CUDA-graph mode
         return graph_replay(contract, case, target)
-    return Outcome("fail" if v else "pass", exp, v, budget=used or None)
+    return Outcome("fail" if v else "pass", exp, v, budget=used or None, facts=facts or None)
 
 
 def batch_variance(contract: Contract, case: Case, target: Callable[..., Any], *,

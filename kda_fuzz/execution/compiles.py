@@ -39,6 +39,7 @@ class Compiles:
 
 _totals = Compiles()
 _lock = threading.Lock()
+_interpreted = [0]  # kernel launches run by an interpreter on CPU (see ``interpreted``)
 _started: dict[int, float] = {}  # thread id -> when its Triton compile began
 
 
@@ -47,6 +48,17 @@ def totals() -> Compiles:
     install()
     with _lock:
         return Compiles(_totals.triton, _totals.helion, _totals.seconds)
+
+
+def note_interpreted() -> None:
+    """A kernel launch ran under an interpreter (the CPU execution path): its first call
+    of a shape prepares and binds the kernel as a compile would (not a compile event)."""
+    _interpreted[0] += 1
+
+
+def interpreted() -> int:
+    """Kernel launches this process ran under an interpreter."""
+    return _interpreted[0]
 
 
 def _count(kind: str, seconds: float) -> None:

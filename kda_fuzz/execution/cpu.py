@@ -73,6 +73,8 @@ from typing import Any, Literal, cast
 import numpy as np
 import torch
 
+from kda_fuzz.execution import compiles
+
 CpuMode = Literal["triton", "eager"]
 ENV_VAR = "KDA_FUZZ_CPU_MODE"
 CPU_MODES: tuple[CpuMode, ...] = ("triton", "eager")
@@ -152,6 +154,7 @@ def _interpreted_fn(kernel: Any) -> Any:
 
 
 def _run_interpreted(kernel: Any, grid: Any, args: Sequence[Any], meta: dict[str, Any]) -> Any:
+    compiles.note_interpreted()
     meta = {k: v for k, v in meta.items() if k not in _GPU_LAUNCH_OPTIONS}
     with _interpreter_context(kernel):
         return _interpreted_fn(kernel).run(*args, grid=grid, warmup=False, **meta)

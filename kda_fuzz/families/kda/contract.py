@@ -134,11 +134,13 @@ HOLES = (Hole("zero-sized K, V or HV", lambda n: min(n.K, n.V, n.HV) == 0, after
 def judge(case: Case, kwargs: dict[str, Any], before: dict[str, torch.Tensor],
           after: dict[str, torch.Tensor], result: Any,
           budget: dict[str, float] | None = None, *,
-          reference: Reference | None = None, fused: Fused | None = None) -> Verdict | None:
+          reference: Reference | None = None, fused: Fused | None = None,
+          facts: dict[str, Any] | None = None) -> Verdict | None:
     """KDA's judge: the packed decode oracle (:func:`packed_judge.judge`, KDA's float64
-    reference by default) with the GPU-scale cases judged by ``kda_scale.judge_sampled``."""
+    reference by default) with the GPU-scale cases judged by ``kda_scale.judge_sampled``
+    (which tells ``facts`` how)."""
     return packed_judge.judge(case, kwargs, before, after, result, budget, reference=reference,
-                              fused=fused, sampled=kda_scale.judge_sampled)
+                              fused=fused, sampled=kda_scale.judge_sampled, facts=facts)
 
 
 CONTRACT = Contract(
@@ -176,6 +178,7 @@ CONTRACT = Contract(
     # the GPU-scale stratum: (variant, device, budget_bytes) -> strategy or None
     scale=ScaleStratum(kda_scale.scale_cases, kda_scale.device_budget),
     judge_budget=True,  # judge(..., budget={}) reports the error budget used
+    judge_facts=True,  # judge(..., facts={}) says how a scale case was judged
     status=packed_judge.fused_status,  # says so when the fused GPU judge turned itself off
     report_notes=kda_scale.report_notes,
     batch=packed_invariance.BATCH,

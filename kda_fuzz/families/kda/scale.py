@@ -377,7 +377,8 @@ def sample_rows(live_rows: torch.Tensor, slots: torch.Tensor, num_slots: int, HV
 def judge_sampled(case: Case, kwargs: dict[str, Any], before: dict[str, torch.Tensor],
                   after: dict[str, torch.Tensor], result: Any,
                   budget: dict[str, float] | None = None, *, full_limit: int = FULL_LIMIT,
-                  limit: int = SAMPLE_ROWS) -> Verdict | None:
+                  limit: int = SAMPLE_ROWS, facts: dict[str, Any] | None = None
+                  ) -> Verdict | None:
     """The contract's judge for cases too big for a float64 reference of everything.
 
     Bit-exact on everything, on the device and chunked: read-only inputs, ``out``'s guard
@@ -386,8 +387,8 @@ def judge_sampled(case: Case, kwargs: dict[str, Any], before: dict[str, torch.Te
     ``packed_judge.reference64``) on all live rows when rows * HV * V * K <=
     ``full_limit``, else on ``sample_rows`` (at most ``limit`` rows and about
     ``full_limit`` state elements, at least 4 rows; every head of each row). Live slots
-    outside the sample are not compared with the reference. ``case.notes["judged"]``
-    says which."""
+    outside the sample are not compared with the reference. ``facts`` (a dict) is told
+    which: ``judged`` in words, ``judged_mode`` ``full`` or ``sampled``."""
     out, state = kwargs["out"], kwargs["initial_state"]
     if not (isinstance(result, tuple | list) and len(result) == 2
             and result[0] is out and result[1] is state):
@@ -404,9 +405,10 @@ def judge_sampled(case: Case, kwargs: dict[str, Any], before: dict[str, torch.Te
     per_row = max(1, HV * V * K)  # the sample is bounded in state elements too
     pick = live_rows.cpu() if full else sample_rows(
         live_rows, live_slots, n_slots, HV, min(limit, max(4, full_limit // per_row)))
-    case.notes["judged"] = (f"full: {R} live rows x {HV} heads" if full else
-                            f"sampled: {pick.numel()} of {R} live rows x {HV} heads")
-    case.notes["judged_mode"] = "full" if full else "sampled"
+    judged = (f"full: {R} live rows x {HV} heads" if full else
+              f"sampled: {pick.numel()} of {R} live rows x {HV} heads")
+    if facts is not None:
+        facts.update(judged=judged, judged_mode="full" if full else "sampled")
 
     flags: list[tuple[str, torch.Tensor]] = [
         (f"mutated-{n}", _same(before[n], after[n])) for n in packed_judge.READ_ONLY]
@@ -465,7 +467,7 @@ def judge_sampled(case: Case, kwargs: dict[str, Any], before: dict[str, torch.Te
         if v is not None:
             wrong = [n[: -len("-value")] for n, ok in zip(names, values)
                      if n.endswith("-value") and ok != 1.0]
-            return replace(v, detail=f"{v.detail} ({case.notes['judged']}; wrong: "
+            return replace(v, detail=f"{v.detail} ({judged}; wrong: "
                            f"{', '.join(wrong)})", extra={**v.extra, "outputs": wrong})
     if values[len(names)] != 1.0:
         raise Unjudgeable("float64 result exceeds half the range of the stored dtype")

@@ -230,7 +230,8 @@ def judge(case: Case, kwargs: dict[str, Any], before: dict[str, torch.Tensor],
           after: dict[str, torch.Tensor], result: Any,
           budget: dict[str, float] | None = None, *,
           reference: Reference | None = None, fused: Fused | None = None,
-          sampled: Judge | None = None) -> Verdict | None:
+          sampled: Judge | None = None, facts: dict[str, Any] | None = None
+          ) -> Verdict | None:
     """The differential and semantic oracle for a layout the contract accepts.
 
     ``before`` holds the bases as they were handed over, ``after`` the same bases after
@@ -239,7 +240,8 @@ def judge(case: Case, kwargs: dict[str, Any], before: dict[str, torch.Tensor],
     |got - ref| / bound per output and dtype (``"out/float32"``, ``"state/bfloat16"``;
     1.0 is the tolerance), read back in the same device sync; outputs with no valid row
     are left out. Scale cases (``notes["scale"]``) go to ``sampled`` where one is given
-    (KDA's contract judge passes ``kda_scale.judge_sampled``).
+    (KDA's contract judge passes ``kda_scale.judge_sampled``), which tells ``facts`` how
+    it judged.
     ``reference``: the float64 result and bounds (default :func:`reference64`, with
     ``fused`` :data:`KDA_FUSED`); a sibling family of the same packing (GDN) passes its
     own and shares this policy. ``fused``: the same reference as one kernel
@@ -247,7 +249,7 @@ def judge(case: Case, kwargs: dict[str, Any], before: dict[str, torch.Tensor],
     """
     if sampled is not None and case.notes.get("scale"):
         # GPU-scale cases: bit-exact everywhere, math sampled
-        return sampled(case, kwargs, before, after, result, budget)
+        return sampled(case, kwargs, before, after, result, budget, facts=facts)
     out, state = kwargs["out"], kwargs["initial_state"]
     if not (isinstance(result, tuple | list) and len(result) == 2
             and result[0] is out and result[1] is state):
