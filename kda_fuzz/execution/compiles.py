@@ -12,12 +12,13 @@ hand-written Triton kernel reports 0 compiles; a target of plain torch code alwa
 
 from __future__ import annotations
 
-import functools
 import sys
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
+
+from kda_fuzz.execution.patching import wrap_once
 
 
 @dataclass
@@ -90,23 +91,18 @@ def _hook_triton(knobs: Any) -> None:
 
 
 def _hook_helion(module: Any) -> None:
-    cls = module.BoundKernel
-    if getattr(cls.compile_config, "_kda_fuzz_compiles", False):
-        return
-    compile_config = cls.compile_config
+    def counting(compile_config: Any) -> Any:
+        def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+            cache = getattr(self, "_compile_cache", None)
+            n = len(cache) if isinstance(cache, dict) else None
+            t = time.perf_counter()
+            result = compile_config(self, *args, **kwargs)
+            if n is not None and len(cache) > n:  # type: ignore[arg-type]
+                _count("helion", time.perf_counter() - t)
+            return result
+        return counted
 
-    @functools.wraps(compile_config)
-    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
-        cache = getattr(self, "_compile_cache", None)
-        n = len(cache) if isinstance(cache, dict) else None
-        t = time.perf_counter()
-        result = compile_config(self, *args, **kwargs)
-        if n is not None and len(cache) > n:  # type: ignore[arg-type]
-            _count("helion", time.perf_counter() - t)
-        return result
-
-    counted._kda_fuzz_compiles = True  # type: ignore[attr-defined]
-    cls.compile_config = counted
+    wrap_once(module.BoundKernel, "compile_config", counting)
 
 
 def install() -> None:

@@ -62,7 +62,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-import functools
 import importlib.abc
 import inspect
 import os
@@ -74,6 +73,7 @@ import numpy as np
 import torch
 
 from kda_fuzz.execution import compiles
+from kda_fuzz.execution.patching import wrap_once
 
 CpuMode = Literal["triton", "eager"]
 ENV_VAR = "KDA_FUZZ_CPU_MODE"
@@ -257,78 +257,61 @@ def _foreign_helion(kernel: Any, args: Sequence[Any]) -> Any:
 
 
 def _hook_helion(module: Any) -> None:
-    kernel_cls, bound_cls = module.Kernel, module.BoundKernel
-    if getattr(kernel_cls.__call__, "_kda_fuzz_hook", False):
-        return
-    kernel_call, bound_call = kernel_cls.__call__, bound_cls.__call__
+    def on_kernel(kernel_call: Any) -> Any:
+        def call_kernel(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if _inside.get() or not _on_cpu((*args, *kwargs.values())):
+                return kernel_call(self, *args, **kwargs)
+            return _foreign_helion(self, self.normalize_args(*args, **kwargs) if kwargs
+                                   else args)
+        return call_kernel
 
-    @functools.wraps(kernel_call)
-    def call_kernel(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if _inside.get() or not _on_cpu((*args, *kwargs.values())):
-            return kernel_call(self, *args, **kwargs)
-        return _foreign_helion(self, self.normalize_args(*args, **kwargs) if kwargs else args)
+    def on_bound(bound_call: Any) -> Any:
+        def call_bound(self: Any, *args: Any) -> Any:
+            if _inside.get() or not _on_cpu(args):
+                return bound_call(self, *args)
+            return _foreign_helion(self.kernel, args)
+        return call_bound
 
-    @functools.wraps(bound_call)
-    def call_bound(self: Any, *args: Any) -> Any:
-        if _inside.get() or not _on_cpu(args):
-            return bound_call(self, *args)
-        return _foreign_helion(self.kernel, args)
-
-    call_kernel._kda_fuzz_hook = True  # type: ignore[attr-defined]
-    kernel_cls.__call__, bound_cls.__call__ = call_kernel, call_bound
+    wrap_once(module.Kernel, "__call__", on_kernel)
+    wrap_once(module.BoundKernel, "__call__", on_bound)
 
 
 def _hook_jit(module: Any) -> None:
-    cls = module.JITFunction
-    if getattr(cls.run, "_kda_fuzz_hook", False):
-        return
-    run = cls.run
+    def on_run(run: Any) -> Any:
+        def hooked(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
+            if warmup or _inside.get() or not _on_cpu((*args, *kwargs.values())):
+                return run(self, *args, grid=grid, warmup=warmup, **kwargs)
+            return _run_interpreted(self, grid, args, kwargs)
+        return hooked
 
-    @functools.wraps(run)
-    def hooked(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
-        if warmup or _inside.get() or not _on_cpu((*args, *kwargs.values())):
-            return run(self, *args, grid=grid, warmup=warmup, **kwargs)
-        return _run_interpreted(self, grid, args, kwargs)
-
-    hooked._kda_fuzz_hook = True  # type: ignore[attr-defined]
-    cls.run = hooked
+    wrap_once(module.JITFunction, "run", on_run)
 
 
 def _hook_interpreter(module: Any) -> None:
-    cls = module.InterpretedFunction
-    if getattr(cls.run, "_kda_fuzz_hook", False):
-        return
-    run = cls.run
+    def on_run(run: Any) -> Any:
+        def hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
+            with _interpreter_context(self):
+                return run(self, *args, **kwargs)
+        return hooked
 
-    @functools.wraps(run)
-    def hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
-        with _interpreter_context(self):
-            return run(self, *args, **kwargs)
-
-    hooked._kda_fuzz_hook = True  # type: ignore[attr-defined]
-    cls.run = hooked
+    wrap_once(module.InterpretedFunction, "run", on_run)
 
 
 def _hook_autotuner(module: Any) -> None:
     """On CPU tensors a ``@triton.autotune`` kernel runs its first config: benchmarking
     needs a GPU driver, and the interpreter's timings would mean nothing."""
-    cls = module.Autotuner
-    if getattr(cls.run, "_kda_fuzz_hook", False):
-        return
-    run = cls.run
+    def on_run(run: Any) -> Any:
+        def hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if len(self.configs) <= 1 or not _on_cpu((*args, *kwargs.values())):
+                return run(self, *args, **kwargs)
+            configs, self.configs = self.configs, self.configs[:1]
+            try:
+                return run(self, *args, **kwargs)
+            finally:
+                self.configs = configs
+        return hooked
 
-    @functools.wraps(run)
-    def hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if len(self.configs) <= 1 or not _on_cpu((*args, *kwargs.values())):
-            return run(self, *args, **kwargs)
-        configs, self.configs = self.configs, self.configs[:1]
-        try:
-            return run(self, *args, **kwargs)
-        finally:
-            self.configs = configs
-
-    hooked._kda_fuzz_hook = True  # type: ignore[attr-defined]
-    cls.run = hooked
+    wrap_once(module.Autotuner, "run", on_run)
 
 
 _HOOKS: dict[str, Callable[[Any], None]] = {
