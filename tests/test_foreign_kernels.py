@@ -50,7 +50,10 @@ CASES = [
 
 @pytest.fixture(autouse=True)
 def _default_mode(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(_execution.ENV_VAR, raising=False)
+    # set, then removed: monkeypatch restores the variable after the test even when
+    # configure_cpu sets it (a delenv of an absent variable records nothing)
+    monkeypatch.setenv(_execution.ENV_VAR, _execution.DEFAULT_CPU_MODE)
+    monkeypatch.delenv(_execution.ENV_VAR)
 
 
 def _raised(fn: Callable[[], Any]) -> BaseException:

@@ -336,7 +336,10 @@ def test_non_pow2_goes_to_triton_and_helion_refuses_it() -> None:
 
 
 def test_cpu_mode_switch(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(_execution.ENV_VAR, raising=False)
+    # set, then removed: monkeypatch restores the variable after the test even when
+    # configure_cpu sets it (a delenv of an absent variable records nothing)
+    monkeypatch.setenv(_execution.ENV_VAR, _execution.DEFAULT_CPU_MODE)
+    monkeypatch.delenv(_execution.ENV_VAR)
     assert _execution.cpu_mode() == _execution.DEFAULT_CPU_MODE == "triton"
     monkeypatch.setenv(_execution.ENV_VAR, "bogus")
     with pytest.raises(ValueError, match="KDA_FUZZ_CPU_MODE"):
@@ -348,7 +351,10 @@ def test_cpu_mode_switch(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_helion_interpret_env_maps_to_eager(monkeypatch: pytest.MonkeyPatch) -> None:
     """HELION_INTERPRET=1 next to TRITON_INTERPRET=1 is resolved, and kernels still run."""
-    monkeypatch.delenv(_execution.ENV_VAR, raising=False)
+    # set, then removed: monkeypatch restores the variable after the test even when
+    # configure_cpu sets it (a delenv of an absent variable records nothing)
+    monkeypatch.setenv(_execution.ENV_VAR, _execution.DEFAULT_CPU_MODE)
+    monkeypatch.delenv(_execution.ENV_VAR)
     monkeypatch.setenv("HELION_INTERPRET", "1")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert _execution.configure_cpu() == "eager"
