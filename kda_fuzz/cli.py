@@ -230,6 +230,10 @@ def _fuzz_parser(sub: Any) -> None:
                    help="also capture one valid example in 4 in a CUDA graph and judge its "
                         "replay on other values of the same buffers, as serving engines run "
                         "decode (the contract does not ask it: opt-in)")
+    _sanitize_option(g)
+    g.add_argument("--sanitize-every", type=int, default=8, metavar="N",
+                   help="with --sanitize: one passing valid example in N (of at most 1 MiB "
+                        "of tensors) is replayed under the tool in the background (default 8)")
     i = f.add_argument_group("isolation")
     i.add_argument("--jobs", "-j", default=None, metavar="N|auto",
                    help="run the campaign's plan as N supervised processes, each with its "
@@ -275,6 +279,7 @@ def _replay_parser(sub: Any) -> None:
     g.add_argument("--timeout", type=float, default=60.0, metavar="S",
                    help="seconds a target may run on a crash-, timeout- or flaky- file (each "
                         "runs in a worker) before it counts as hung (default 60)")
+    _sanitize_option(g)
     o = _output_group(r)
     o.add_argument("--verbose", "-v", action="store_true",
                    help="print each failure's whole detail (default: cut at a word "
@@ -322,6 +327,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _sanitize_option(group: Any) -> None:
+    group.add_argument("--sanitize", choices=("memcheck", "racecheck", "initcheck"),
+                       default=None, metavar="memcheck|racecheck|initcheck",
+                       help="also run cases under NVIDIA compute-sanitizer's tool (cuda, "
+                            "caching allocator off, tensors without guard cells): an error "
+                            "it reports on a case whose outputs are right is a finding of "
+                            "its own kind (sanitizer), and each finding carries its report")
+
+
+def _check_sanitize(args: argparse.Namespace) -> None:
+    """--sanitize needs cuda and compute-sanitizer (exit 2 naming it)."""
+    if getattr(args, "sanitize", None) is None:
+        return
+    if not str(args.device).startswith("cuda"):
+        raise UsageError(f"--sanitize {args.sanitize} needs --device cuda")
+    from kda_fuzz.workers.sanitize import SanitizerMissing, find_sanitizer
+
+    try:
+        find_sanitizer()
+    except SanitizerMissing as e:
+        raise UsageError(str(e)) from None
+
+
 def check_fuzz_args(args: argparse.Namespace) -> None:
     """The fuzz options' values, checked before anything heavy is imported."""
     if args.max_examples < 1:
@@ -342,7 +370,10 @@ def check_fuzz_args(args: argparse.Namespace) -> None:
         raise UsageError("--max-seconds must be positive")
     if args.families is not None and args.families < 0:
         raise UsageError("--compile-groups must be 0 or more")
+    if args.sanitize_every < 1:
+        raise UsageError("--sanitize-every must be at least 1")
     _check_device(args.device)
+    _check_sanitize(args)
     if args.jobs is None:
         args.jobs = "auto" if args.device.startswith("cuda") else "1"
     if args.jobs != "auto":
@@ -529,6 +560,7 @@ def _fuzz(args: argparse.Namespace, signals: Any = None) -> int:
         valid_share=args.valid_share, max_seconds=args.max_seconds,
         max_failures=args.max_failures, messages=args.messages, strict=args.strict,
         invariance=args.invariance, cuda_graphs=args.cuda_graphs, history=bool(args.report),
+        sanitize=args.sanitize, sanitize_every=args.sanitize_every,
         **_shaping(args, contract))
     options.update(_pinned(args, contract))
     options["seeds"], seed_notes = _seed_layouts(args.seed_layouts, contract)
@@ -583,7 +615,7 @@ def _fuzz(args: argparse.Namespace, signals: Any = None) -> int:
             saver = FindingSaver(
                 contract, corpus, seed=options["seed"], device=args.device, timeout=args.timeout,
                 shrink_seconds=args.shrink_seconds, messages=args.messages, strict=args.strict,
-                workers=min(jobs, 4), deadline=deadline,
+                workers=min(jobs, 4), deadline=deadline, sanitize=args.sanitize,
                 skip=frozenset(f.signature for f in replay.failures) if replay else frozenset(),
                 on_found=progress.found, on_saved=progress.saved,
                 reproduce=lambda f: replay_command_line(f.target, f.saved, variant=args.contract,
@@ -662,6 +694,10 @@ def _wrap_up(args: argparse.Namespace, contract: Any, report: Any, new: list[Any
     require_executed(report)
     if contract.report_notes is not None:
         report.notes += contract.report_notes(report)
+    if args.sanitize:
+        from kda_fuzz.campaign.sanitizing import sanitizer_note
+
+        report.notes.append(sanitizer_note(report, args.sanitize, args.sanitize_every))
     if report.graph_checks:
         report.notes.append(f"CUDA graphs: {report.graph_checks} valid case(s) also captured "
                             "once and replayed on other values of the same buffers")
@@ -947,6 +983,7 @@ def _replay(args: argparse.Namespace) -> int:
         raise UsageError(f"unknown variant {args.contract!r} (choose from "
                          f"{', '.join(VARIANTS)})")
     m = _check_device(args.device)
+    _check_sanitize(args)
     from kda_fuzz.families import CONTRACTS
 
     for contract in CONTRACTS.values():  # every family a file may name
@@ -964,7 +1001,7 @@ def _replay(args: argparse.Namespace) -> int:
 
     return replay_paths(args.paths, targets, family=family, variant=args.contract,
                           device=args.device, as_json=args.json, timeout=args.timeout,
-                          verbose=args.verbose)
+                          verbose=args.verbose, sanitize=args.sanitize)
 
 
 def _show(args: argparse.Namespace) -> int:

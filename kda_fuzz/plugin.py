@@ -112,6 +112,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--kda-corpus-timeout", type=float, default=60.0, metavar="SECONDS",
                     help="seconds a target may run on a crash-, timeout- or flaky- corpus "
                          "file (each runs in a worker) before it counts as hung (default 60)")
+    group.addoption("--kda-sanitize", default=None, metavar="TOOL",
+                    choices=("memcheck", "racecheck", "initcheck"),
+                    help="also replay each corpus file under compute-sanitizer's TOOL "
+                         "(cuda; sanitizer- files always run under theirs, and skip where "
+                         "they cannot)")
     group.addoption("--kda-shard", default=None, metavar="I/N",
                     help="run shard I of N of the collected tests (node-id order, every N-th "
                          "from the I-th; the rest deselected)")
@@ -385,13 +390,16 @@ class CorpusItem(pytest.Item):
         first = check_entry(self.path)
         if first.status == "READY":  # the targets of the file's family and variant, or none
             rec = replay(first.entry, lambda family, variant: choose_targets(
-                st.config, family, variant, override), device=device, timeout=timeout)
+                st.config, family, variant, override), device=device, timeout=timeout,
+                sanitize=self.config.getoption("--kda-sanitize", default=None))
         else:
             rec = first
         entry = rec.entry
         if entry is None:
             raise CorpusError(self.path, rec.reason)
         case, meta = entry.case, entry.meta
+        if rec.status == "SKIP":  # not replayable in this environment: never a verdict
+            pytest.skip(f"{self.path.name}: {rec.reason}")
         if rec.status == "STALE":
             self.user_properties.append(("kda_corpus_stale", rec.reason))
             raise StaleCorpusEntry(f"STALE corpus file {self.path} ({case.variant} variant, "

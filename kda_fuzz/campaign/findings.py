@@ -19,6 +19,7 @@ from typing import Any
 from kda_fuzz.campaign.channel import ExitReason, Stop
 from kda_fuzz.campaign.minimize import minimize_with_verdict
 from kda_fuzz.campaign.runner import HARD_KINDS, Failure, Target, minimizable
+from kda_fuzz.campaign.sanitizing import attach_report
 from kda_fuzz.campaign.supervisor import candidate_timeout, minimized_detail
 from kda_fuzz.corpus.store import CaseTooLarge, save_failure
 from kda_fuzz.engine.contract import Contract
@@ -56,11 +57,13 @@ class FindingSaver:
                  skip: frozenset[tuple[Any, ...]] = frozenset(),
                  on_found: Callable[[Failure], None] | None = None,
                  on_saved: Callable[[Failure], None] | None = None,
-                 reproduce: Callable[[Failure], str] | None = None) -> None:
+                 reproduce: Callable[[Failure], str] | None = None,
+                 sanitize: str | None = None) -> None:
         self.contract, self.corpus, self.seed = contract, corpus, seed
         self.device, self.timeout, self.shrink_seconds = device, timeout, shrink_seconds
         self.judging = {"messages": messages, "strict": strict}
         self.deadline, self.skip = deadline, skip
+        self.sanitize = sanitize  # each finding also replayed under this compute-sanitizer tool
         self.on_found, self.on_saved, self.reproduce = on_found, on_saved, reproduce
         self.stopped: Stop | None = None  # set by ``cut``
         self.settled: list[Failure] = []  # in the order they were settled
@@ -101,6 +104,7 @@ class FindingSaver:
                 return run_case(self.contract, case, target.fn, **self.judging)  # type: ignore[arg-type]
 
             self._minimize(failure, run)
+        self._sanitized(failure)
         self._settle(failure)
 
     def _skipped(self, failure: Failure) -> bool:
@@ -155,6 +159,7 @@ class FindingSaver:
                 return
             try:
                 self._isolated(f)
+                self._sanitized(f)
                 self._settle(f)
             except BaseException as e:  # never lose the failure to our own error
                 f.note = (f.note + "; " if f.note else "") + f"not minimized: {e!r}"
@@ -203,6 +208,16 @@ class FindingSaver:
         if seconds < self.shrink_seconds and time.monotonic() >= end:
             f.note = (f.note + "; " if f.note else "") + (
                 "partly minimized: minimization cut short by the --max-seconds deadline")
+
+    def _sanitized(self, f: Failure) -> None:
+        """With ``sanitize``: the (minimized) case replayed under the tool, its report
+        attached, when there is time left for it."""
+        if self.sanitize is None or self.stopped is not None:
+            return
+        left = None if self.deadline is None else self.deadline - SAVE_MARGIN - time.monotonic()
+        if left is not None and left < 5.0:
+            return
+        attach_report(f, self.sanitize, self.device, timeout=min(600.0, left or 600.0))
 
     def _out_of_time(self) -> bool:
         if self.stopped is None and self.deadline is not None \

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, Phase, given, reject, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
+from kda_fuzz.campaign import sanitizing
 from kda_fuzz.campaign.arms import Arm
 from kda_fuzz.campaign.channel import ExitReason, Stop
 from kda_fuzz.campaign.interleave import arm_before, cycle_of, in_turn_order, schedule
@@ -93,6 +94,13 @@ class Report:
     seeds: int = 0  # of ``examples``: seed cases run (CampaignOptions.seeds)
     batch_checks: int = 0  # valid examples whose rows were re-run in other batches
     graph_checks: int = 0  # valid examples also replayed from a CUDA graph
+    # --sanitize: passing cases sampled for compute-sanitizer, those it ran (clean or not),
+    # those whose sanitized run failed or was given up (never verdicts), and the tool's
+    # seconds per case summed
+    sanitize_sampled: int = 0
+    sanitized: int = 0
+    sanitize_failed: int = 0
+    sanitize_seconds: float = 0.0
     seconds: float = 0.0
     seed: int | None = None
     checks_hit: Counter = field(default_factory=Counter)
@@ -130,7 +138,8 @@ class Report:
     shifted: Counter = field(default_factory=Counter)
 
     COUNTERS = ("examples", "rows", "live_rows", "tail_rows", "valid_cases", "broken_cases",
-                "skipped", "seeds", "batch_checks", "graph_checks", "compiles",
+                "skipped", "seeds", "batch_checks", "graph_checks", "sanitize_sampled",
+                "sanitized", "sanitize_failed", "sanitize_seconds", "compiles",
                 "compiling_seconds",
                 "startup_seconds", "unexecutable", "unexecutable_valid")
 
@@ -246,6 +255,9 @@ class Report:
             "seed_layouts": self.seeds,
             "batch_invariance_checks": self.batch_checks,
             "cuda_graph_checks": self.graph_checks,
+            "sanitizer": {"sampled": self.sanitize_sampled, "sanitized": self.sanitized,
+                          "failed": self.sanitize_failed,
+                          "seconds": round(self.sanitize_seconds, 3)},
             "failures": len(self.failures),
             "failure_details": [
                 {"target": f.target, **f.verdict.to_json(), "count": f.count,
@@ -484,6 +496,11 @@ class CampaignOptions:
     # CUDA graph and replayed on other values (oracle.graph_replay)
     cuda_graphs: bool = False
     graph_every: int = 4
+    # --sanitize (cuda): one passing valid example in ``sanitize_every`` (of at most
+    # kda_fuzz.workers.sanitize.MAX_CASE_BYTES) is replayed under compute-sanitizer's
+    # ``sanitize`` tool (memcheck, racecheck, initcheck) in the background
+    sanitize: str | None = None
+    sanitize_every: int = 8
 
 
 def campaign_plan(contract: Contract, variant: str, o: CampaignOptions) -> list[Arm]:
@@ -570,6 +587,7 @@ class Campaign:
         self._largest: int | None = None  # the whole plan's largest arm (see arms)
         self._t0 = time.monotonic()
         self._nth = 0  # the number of the example being run (from 1)
+        self._sanitizer: sanitizing.SanitizerQueue | None = None  # with options.sanitize
         self.steering = Steering(self.options.seed or 0,
                                  resume[1].get("steering") if resume is not None else None)
 
@@ -605,6 +623,7 @@ class Campaign:
             raise h.error from None
         with _global_constants_only():
             self._run_rounds(arms, largest, deadline)
+        self._sanitizer_finish(deadline)
         if self.contract.status is not None:
             self.report.notes += self.contract.status()
         self.recorder.progress(END)
@@ -750,6 +769,9 @@ class Campaign:
             self._batch_invariance(pos, case)
         if first.status == "pass" and self._graph_turn(pos, first):
             self._graph(pos, case)
+        if first.status == "pass" and self._sanitize_turn(pos, first, case):
+            self._sanitizer_submit(case)
+        self._sanitizer_collect()
         for peer in self.peers if first.status == "pass" else ():
             main = self.targets[0]
             pair = run_peers(self.contract, case, [(main.name, main.fn), (peer.name, peer.fn)])
@@ -814,6 +836,54 @@ class Campaign:
                 marked = replace(case, notes={**case.notes, "graph": True})
                 self._failed(marked, outcome.verdict, target, pos=pos, index=index)
                 return
+
+    def _sanitize_turn(self, pos: Position, first: Outcome, case: Case) -> bool:
+        """Whether this passing example is also replayed under compute-sanitizer."""
+        o = self.options
+        return (o.sanitize is not None and first.expectation.ok and self._stratum != "scale"
+                and zlib.crc32(f"sanitize:{o.seed}:{pos}".encode()) % max(1, o.sanitize_every)
+                == 0 and sum(t.footprint() * t.base.element_size()
+                             for t in case.tensors.values()) <= sanitizing.MAX_CASE_BYTES)
+
+    def _sanitizer_submit(self, case: Case) -> None:
+        if self._sanitizer is None:
+            assert self.options.sanitize is not None
+            self._sanitizer = sanitizing.SanitizerQueue(self.options.sanitize,
+                                                        self.options.device)
+        self.report.sanitize_sampled += 1
+        cpu = case.on("cpu")
+        for index, target in enumerate(self.targets[:len(self.targets) - len(self.peers)]):
+            self._sanitizer.submit(sanitizing.Sample(cpu, target.name, index))
+
+    def _sanitizer_collect(self, samples: list[sanitizing.Sample] | None = None) -> None:
+        """Count the sanitized samples back (``samples``, else those ready now); a report
+        with errors is a failure of its own kind."""
+        if self._sanitizer is None:
+            return
+        for s in self._sanitizer.ready() if samples is None else samples:
+            r = s.report
+            if r is None or r.status == "failed":
+                self.report.sanitize_failed += 1
+                why = (f"a sanitized run failed (not a verdict): {r.note[:200]}"
+                       if r is not None and r.note else "")
+                if why and why not in self.report.notes:
+                    self.report.notes.append(why)
+                continue
+            self.report.sanitized += 1
+            self.report.sanitize_seconds += r.seconds
+            verdict = r.verdict()
+            if verdict is not None:
+                self._failed(s.case, verdict, self.targets[s.index], confirmed=True)
+
+    def _sanitizer_finish(self, deadline: float | None) -> None:
+        """Wait for the samples still with the sanitizer (until ``deadline``)."""
+        if self._sanitizer is None:
+            return
+        done, lost = self._sanitizer.finish(
+            None if deadline is None else deadline - 1.0,
+            stopped=lambda: self.stop is not None and self.stop())
+        self.report.sanitize_failed += lost
+        self._sanitizer_collect(done)
 
     def _judge(self, pos: Position, index: int, case: Case, target: Target,
                budget: bool = False) -> Outcome:
@@ -1017,4 +1087,5 @@ def require_executed(report: Report) -> None:
 def minimizable(verdict: Verdict) -> bool:
     """Whether a failure can be shrunk by re-running candidates in this process: not a
     crash, hang, flaky failure or peer disagreement."""
-    return verdict.kind not in (*HARD_KINDS, "flaky") and not verdict.what.startswith("peers-")
+    return verdict.kind not in (*HARD_KINDS, "flaky", "sanitizer") \
+        and not verdict.what.startswith("peers-")

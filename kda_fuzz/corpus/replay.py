@@ -39,7 +39,7 @@ from kda_fuzz.engine.targets import Target, TargetChoice, TargetError, load_targ
 from kda_fuzz.engine.verdict import Verdict
 from kda_fuzz.families import get_contract
 
-Status = Literal["PASS", "FAIL", "STALE", "ERROR", "READY"]
+Status = Literal["PASS", "FAIL", "STALE", "ERROR", "READY", "SKIP"]
 #: how an entry's case is run: (contract, case, kind, targets) -> (target name, outcome)
 Runner = Callable[[Contract, Case, str, Sequence[Target]], list[tuple[str, Outcome]]]
 #: the targets of a family and variant: a choice of specs (loaded here) or loaded targets
@@ -208,17 +208,58 @@ def check_entry(entry: Entry | str | os.PathLike[str], *, family: str | None = N
     return rec
 
 
+def sanitizer_tool(entry: Entry, sanitize: str | None = None) -> str | None:
+    """The compute-sanitizer tool an entry is replayed under: ``sanitize``, else the one a
+    ``sanitizer-`` file was found with."""
+    if sanitize is not None:
+        return sanitize
+    if entry.kind == "sanitizer" and entry.verdict is not None:
+        return str(entry.verdict.extra.get("tool", "memcheck"))
+    return None
+
+
+def _sanitized(tool: str, case: Case, outcomes: list[tuple[str, Outcome]], device: str,
+               timeout: float, required: bool) -> list[tuple[str, Outcome]]:
+    """Each passing target's outcome, also judged by ``tool``'s report; ``required`` (a
+    ``sanitizer-`` file): where the tool cannot run, raise :class:`NotRunHere`."""
+    from kda_fuzz.workers.sanitize import sanitize
+
+    if not device.startswith("cuda"):
+        if required:
+            raise NotRunHere(f"needs --device cuda and compute-sanitizer ({tool})")
+        raise EnvironmentFailure(f"--sanitize {tool} needs --device cuda")
+    out = []
+    for name, outcome in outcomes:
+        if passed(outcome):
+            report = sanitize(tool, name, [case], device=device, timeout=timeout)[0]
+            if report.status == "failed":
+                raise NotRunHere(f"the sanitized run failed: {report.note}")
+            verdict = report.verdict()
+            if verdict is not None:
+                outcome = Outcome("fail", outcome.expectation, verdict)
+        out.append((name, outcome))
+    return out
+
+
+class NotRunHere(EnvironmentFailure):
+    """An entry that cannot be replayed in this environment (a ``sanitizer-`` file without
+    a GPU or compute-sanitizer): skipped, never a verdict."""
+
+
 def replay(entry: Entry | str | os.PathLike[str],
            targets: Sequence[Target] | Chooser | None = None, *,
            family: str | None = None, variant: str | None = None, device: str = "cpu",
-           timeout: float = HARD_TIMEOUT, run: Runner | None = None) -> ReplayRecord:
+           timeout: float = HARD_TIMEOUT, run: Runner | None = None,
+           sanitize: str | None = None) -> ReplayRecord:
     """Replay ``entry`` (a corpus file's path or a loaded :class:`Entry`).
 
     ``targets``: loaded targets, or a function of the entry's family and variant giving
     a :class:`~kda_fuzz.engine.targets.TargetChoice` (its specs are loaded here) or targets, or
     ``None`` for the contract's own kernels. ``family``/``variant``: replay under these
     rather than the entry's own. ``run``: how the case is run (default: by its kind,
-    :func:`kda_fuzz.corpus.store.replay_entry`)."""
+    :func:`kda_fuzz.corpus.store.replay_entry`). ``sanitize``: also run each passing
+    target under this compute-sanitizer tool (``sanitizer-`` files always run under theirs;
+    where they cannot, the record is SKIP with the reason)."""
     rec = check_entry(entry, family=family, variant=variant)
     if rec.status != "READY":
         return rec
@@ -252,6 +293,13 @@ def replay(entry: Entry | str | os.PathLike[str],
                                     timeout=timeout)
         else:
             outcomes = run(contract, case, entry.kind, chosen)
+        tool = sanitizer_tool(entry, sanitize)
+        if tool is not None:
+            outcomes = _sanitized(tool, case, outcomes, device, timeout,
+                                  required=entry.kind == "sanitizer")
+    except NotRunHere as e:
+        rec.status, rec.reason = "SKIP", str(e)
+        return rec
     except EnvironmentFailure:  # the machinery's, not the entry's: the caller's to report
         raise
     except Exception as e:  # the oracle itself failed on this entry
@@ -270,9 +318,10 @@ DETAIL_WIDTH = 240  # characters of a failure's detail ``kda-fuzz replay`` print
 def replay_paths(paths: Sequence[str], targets: Sequence[Target] | Chooser | None = None,
                    *, family: str | None = None, variant: str | None = None,
                    device: str = "cpu", as_json: bool = False, timeout: float = HARD_TIMEOUT,
-                   verbose: bool = False) -> int:
-    """``kda-fuzz replay``: 0 when every file passes, 1 on any failure, stale or bad file,
-    2 on usage errors (a path that does not exist, no corpus file found). Details are cut
+                   verbose: bool = False, sanitize: str | None = None) -> int:
+    """``kda-fuzz replay``: 0 when every file passes (or is skipped: not replayable here,
+    while others ran), 1 on any failure, stale or bad file, 2 on usage errors (a path that
+    does not exist, no corpus file found) and when no file could run here. Details are cut
     at a word boundary unless ``verbose``."""
     try:
         files = corpus_files(paths)
@@ -287,7 +336,7 @@ def replay_paths(paths: Sequence[str], targets: Sequence[Target] | Chooser | Non
     width = None if verbose else DETAIL_WIDTH
     for path in files:
         rec = replay(path, targets, family=family, variant=variant, device=device,
-                     timeout=timeout)
+                     timeout=timeout, sanitize=sanitize)
         records.append(rec)
         if rec.entry is not None and rec.variant not in (None, rec.file_variant):
             print(f"note: {path} was recorded for the {rec.file_variant} variant; judging it "
@@ -308,15 +357,20 @@ def replay_paths(paths: Sequence[str], targets: Sequence[Target] | Chooser | Non
         else:
             print(f"{rec.status:<5} {path}  {rec.reason}")
     cut = not verbose and any(rec.failure_line() != rec.failure_line(width) for rec in records)
-    counts = {s: sum(r.status == s for r in records) for s in ("PASS", "FAIL", "STALE", "ERROR")}
-    code = 0 if counts["PASS"] == len(records) else 1
+    counts = {s: sum(r.status == s for r in records)
+              for s in ("PASS", "FAIL", "STALE", "ERROR", "SKIP")}
+    code = (0 if counts["PASS"] + counts["SKIP"] == len(records) else 1) \
+        if counts["SKIP"] < len(records) else 2
     if as_json:
         print(json.dumps({"files": [r.to_json() for r in records], "passed": counts["PASS"],
                           "failed": counts["FAIL"], "stale": counts["STALE"],
-                          "errors": counts["ERROR"], "device": device, "exit_code": code},
+                          "errors": counts["ERROR"], "skipped": counts["SKIP"],
+                          "device": device, "exit_code": code},
                          sort_keys=True, allow_nan=False))
     else:
         stale = f", {counts['STALE']} stale" if counts["STALE"] else ""
+        stale += (f", {counts['SKIP']} not replayable here (skipped)" if counts["SKIP"]
+                  else "")
         print(f"replayed {len(records)} file(s): {counts['PASS']} passed, {counts['FAIL']} "
               f"failed{stale}, {counts['ERROR']} bad"
               + ("; details cut at a word boundary: --verbose shows them whole" if cut else ""))

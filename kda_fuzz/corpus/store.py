@@ -99,7 +99,7 @@ from kda_fuzz.workers.isolate import IsolatedTarget
 
 SCHEMA = 2
 READ_SCHEMAS = (1, 2)
-KINDS = ("contract", "mismatch", "crash", "timeout", "flaky")
+KINDS = ("contract", "mismatch", "crash", "timeout", "flaky", "sanitizer")
 ENCODINGS = ("base64", "zlib+base64", "fill", "runs")
 MAX_ELEMENTS = 2**28  # per base buffer and per view (bytes stored as they are)
 MAX_RUN_ELEMENTS = 2**34  # per base and view stored as runs (fills and zlib stretches)

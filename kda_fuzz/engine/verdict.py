@@ -6,7 +6,7 @@ import re
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
-Kind = Literal["contract", "mismatch", "crash", "timeout", "flaky"]
+Kind = Literal["contract", "mismatch", "crash", "timeout", "flaky", "sanitizer"]
 
 # contract failures where the target raised: judged by what it raised, not by the check
 RAISED = ("wrong-exception-type", "rejected-valid-layout", "wrong-message", "wrong-check-order")
@@ -44,8 +44,9 @@ class Verdict:
     ``kind``: ``contract`` (wrong or missing error, error on a valid layout, mutation on
     error), ``mismatch`` (numbers or semantics of an accepted call), ``crash`` (the process
     died), ``timeout`` (it never returned), ``flaky`` (a failure that did not come back on
-    every re-run of the same case; ``extra`` says how often it did). ``what`` names the
-    failed property, stable across runs.
+    every re-run of the same case; ``extra`` says how often it did), ``sanitizer`` (outputs
+    right, but compute-sanitizer reported an error: ``extra["sanitizer"]`` holds its
+    report). ``what`` names the failed property, stable across runs.
     """
 
     kind: Kind

@@ -1,0 +1,197 @@
+"""--sanitize: cases replayed under compute-sanitizer (a stand-in tool on CPU,
+``tests/fake_sanitizer.py``; the real one on a GPU, marked ``gpu``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from kda_fuzz.campaign.findings import FindingSaver
+from kda_fuzz.campaign.runner import Campaign, CampaignOptions
+from kda_fuzz.cli import main
+from kda_fuzz.corpus.replay import replay, replay_paths
+from kda_fuzz.engine.targets import load_target
+from kda_fuzz.families import get_contract
+from kda_fuzz.families.kda.layouts import KdaLayout, build
+from kda_fuzz.workers import sanitize as sanitizer
+
+KDA = get_contract("kda")
+ROOT = Path(__file__).resolve().parents[1]
+WIDE = "tests.sanitizer_targets:reads_past_indices_of_wide_batches"
+REFERENCE = "kda_fuzz_kernels.kda_decode:reference_kda_packed_decode"
+
+MEMCHECK = """\
+========= COMPUTE-SANITIZER
+========= Invalid __global__ read of size 16 bytes
+=========     at _kda_decode_kernel+0x2b0 in /tmp/k.py:42
+=========     by thread (0,0,0) in block (1,0,0)
+=========     Address 0x7f0000000219 is out of bounds
+=========     and is 25 bytes after the nearest allocation at 0x7f0000000200 of size 8 bytes
+=========     Saved host backtrace up to driver entry point at kernel launch time
+=========         Host Frame: [0x2f3a1] in libcuda.so.1
+=========
+========= Program hit cudaErrorLaunchFailure (error 719) due to "unspecified launch failure"
+=========     Saved host backtrace up to driver entry point
+========= ERROR SUMMARY: 2 errors
+"""
+INITCHECK = """\
+========= Uninitialized __global__ memory read of size 4 bytes
+=========     at 0x1a0 in decode_kernel
+=========     by thread (5,0,0) in block (0,0,0)
+=========     Address 0x7f0000001010
+"""
+
+
+@pytest.fixture
+def fake_tool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """compute-sanitizer replaced by ``tests/fake_sanitizer.py``."""
+    exe = tmp_path / "compute-sanitizer"
+    exe.write_text(f"#!/bin/sh\nexec {sys.executable} {ROOT / 'tests/fake_sanitizer.py'} \"$@\"\n")
+    exe.chmod(0o755)
+    monkeypatch.setenv(sanitizer.ENV_TOOL, str(exe))
+    monkeypatch.chdir(ROOT)
+    return exe
+
+
+def _case(B: int, seed: int = 1):
+    return build(KdaLayout(B=B, H=1, HV=2, K=16, V=16, seed=seed), "triton")
+
+
+def test_a_memcheck_report_names_the_tensor_and_how_far_past_its_end() -> None:
+    errors = sanitizer.parse_report(MEMCHECK, {"a": (0x7f0000000000, 64),
+                                               "ssm_state_indices": (0x7f0000000200, 8)})
+    assert len(errors) == 1  # the launch failure that follows is a consequence
+    e = errors[0]
+    assert (e.access, e.size, e.kernel, e.tensor, e.past_end) == (
+        "read", 16, "_kda_decode_kernel", "ssm_state_indices", 25)
+    assert e.what == "invalid-global-read"
+    assert "25 bytes past the end of ssm_state_indices" in e.summary()
+
+
+def test_an_initcheck_address_inside_an_allocation_names_it() -> None:
+    (e,) = sanitizer.parse_report(INITCHECK, {"out": (0x7f0000001000, 256)})
+    assert (e.what, e.kernel, e.tensor, e.past_end) == (
+        "uninitialized-global-memory-read", "decode_kernel", "out", None)
+
+
+def test_a_tight_tensor_has_no_guard_cells() -> None:
+    case = build(KdaLayout(B=3, H=1, HV=2, K=16, V=16, guard=7, qkv_row_pad=5, seed=3),
+                 "triton")
+    for arg in case.tensors.values():
+        t = sanitizer.tight(arg)
+        assert t.base.numel() == arg.footprint() - arg.offset
+        bits = [v.contiguous().view(-1).view(torch.uint8) for v in (t.view(), arg.view())]
+        assert bits[0].equal(bits[1])  # bit for bit (NaN fills included)
+
+
+def test_errors_are_told_apart_by_case(fake_tool: Path) -> None:
+    cases = [_case(1), _case(4), _case(2), _case(5)]
+    reports = sanitizer.sanitize("memcheck", WIDE, cases, device="cpu")
+    assert [r.status for r in reports] == ["clean", "errors", "clean", "errors"]
+    v = reports[1].verdict()
+    assert v is not None and v.kind == "sanitizer" and v.output == "ssm_state_indices"
+    assert v.what == "memcheck-invalid-global-read"
+    assert v.extra["sanitizer"]["errors"][0]["past_end"] == 4
+
+
+def test_errors_that_name_no_tensor_are_found_by_splitting_the_batch(
+        fake_tool: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_SANITIZER_LOOSE", "1")
+    cases = [_case(1), _case(2), _case(4), _case(1, 2)]
+    reports = sanitizer.sanitize("memcheck", WIDE, cases, device="cpu")
+    assert [r.status for r in reports] == ["clean", "clean", "errors", "clean"]
+    assert reports[2].errors[0].tensor is None
+
+
+def test_a_correct_target_is_clean(fake_tool: Path) -> None:
+    reports = sanitizer.sanitize("memcheck", REFERENCE, [_case(4), _case(6)], device="cpu")
+    assert [r.status for r in reports] == ["clean", "clean"]
+    assert all(r.verdict() is None for r in reports)
+
+
+def test_a_missing_tool_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv(sanitizer.ENV_TOOL, raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path))
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    if Path("/usr/local/cuda/bin/compute-sanitizer").exists():
+        pytest.skip("this machine has compute-sanitizer in /usr/local/cuda")
+    with pytest.raises(sanitizer.SanitizerMissing, match="compute-sanitizer"):
+        sanitizer.find_sanitizer()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["fuzz", "--sanitize", "memcheck"], "--sanitize memcheck needs --device cuda"),
+    (["fuzz", "--sanitize-every", "0"], "--sanitize-every must be at least 1"),
+    (["replay", "--sanitize", "initcheck", "corpus"], "needs --device cuda"),
+])
+def test_usage_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+                      ) -> None:
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_campaign_finds_saves_and_skips_replaying_it_without_a_gpu(
+        fake_tool: Path, tmp_path: Path) -> None:
+    target = load_target(WIDE)
+    options = CampaignOptions(device="cpu", max_examples=60, seed=3, sanitize="memcheck",
+                              sanitize_every=2, max_failures=5)
+    report = Campaign(KDA, "triton", [target], options=options).run()
+    assert report.sanitize_sampled and report.sanitized == report.sanitize_sampled
+    found = [f for f in report.failures if f.verdict.kind == "sanitizer"]
+    assert len(found) == 1, [f.verdict.summary() for f in report.failures]
+    assert found[0].case.tensors["ssm_state_indices"].shape[0] > 2
+    assert report.to_json()["sanitizer"]["sanitized"] == report.sanitized
+    corpus = tmp_path / "corpus"
+    saver = FindingSaver(KDA, str(corpus), seed=3)
+    saver.found_inline(found[0], None)
+    path = Path(found[0].saved)
+    assert path.name.startswith("sanitizer-")
+    data = json.loads(path.read_text())
+    assert data["verdict"]["extra"]["sanitizer"]["errors"][0]["tensor"] == "ssm_state_indices"
+    rec = replay(path, [target])
+    assert rec.status == "SKIP" and "needs --device cuda" in rec.reason
+    assert replay_paths([str(path)], [target]) == 2  # nothing could run here
+
+
+def test_each_finding_carries_a_report(fake_tool: Path, tmp_path: Path) -> None:
+    from kda_fuzz.campaign.runner import Failure
+    from kda_fuzz.engine.verdict import Verdict
+
+    f = Failure(_case(4), Verdict("mismatch", "out-value", "wrong"), WIDE)
+    saver = FindingSaver(KDA, str(tmp_path), seed=1, sanitize="memcheck")
+    saver.found_inline(f, None)
+    report = json.loads(Path(f.saved).read_text())["verdict"]["extra"]["sanitizer"]
+    assert report["status"] == "errors"
+    assert report["errors"][0]["tensor"] == "ssm_state_indices"
+
+
+# ------------------------------------------------------------------ on a GPU
+
+
+@pytest.mark.gpu
+def test_the_projects_kernels_are_clean_under_memcheck(kda_device_name: str) -> None:
+    pytest.importorskip("triton")
+    sanitizer.find_sanitizer()
+    cases = [build(KdaLayout(B=3, H=1, HV=2, K=32, V=16, seed=1), "triton"),
+             build(KdaLayout(B=5, H=2, HV=4, K=16, V=32, padding="some", seed=2,
+                             use_qk_l2norm_in_kernel=True, lower_bound=-5.0), "triton")]
+    for spec in ("kda_fuzz_kernels.kda_decode:fused_recurrent_kda_packed_decode",
+                 "kda_fuzz_kernels.kda_decode:helion_fused_recurrent_kda_packed_decode"):
+        reports = sanitizer.sanitize("memcheck", spec, cases, device=kda_device_name)
+        assert [r.status for r in reports] == ["clean", "clean"], [r.text for r in reports]
+
+
+@pytest.mark.gpu
+def test_a_masked_read_past_the_indices_is_found(kda_device_name: str) -> None:
+    sanitizer.find_sanitizer()
+    reports = sanitizer.sanitize("memcheck", "tests.gpu_targets:reads_past_the_indices",
+                                 [_case(3)], device=kda_device_name)
+    (r,) = reports
+    assert r.status == "errors", (r.note, r.text)
+    assert r.errors[0].tensor == "ssm_state_indices", r.text
+    assert r.errors[0].access == "read"
