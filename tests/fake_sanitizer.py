@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 VALUED = {"--tool", "--error-exitcode", "--print-limit", "--target-processes",
-          "--launch-timeout"}
+          "--launch-timeout", "--destroy-on-device-error"}
 
 
 def main(argv: list[str]) -> int:

@@ -40,6 +40,7 @@ TOOLS = ("memcheck", "racecheck", "initcheck")
 ENV_TOOL = "KDA_FUZZ_COMPUTE_SANITIZER"  # which compute-sanitizer to run (a path)
 ERROR_EXIT = 86  # the sanitized process's exit status when the tool reported errors
 BATCH = 8  # cases per sanitized process
+KEPT_ERRORS = 8  # errors of a report a corpus file keeps (all are counted)
 MAX_CASE_BYTES = 1 << 20  # tensor bytes of a case sampled for the sanitizer (cost, file size)
 
 _PREFIX = "========="
@@ -51,7 +52,7 @@ _HEADERS = re.compile(
 _ACCESS = re.compile(r"\b(read|write|atomic)\b")
 _SIZE = re.compile(r"of size (\d+) bytes?")
 _AT = re.compile(r"^at (?:0x[0-9a-fA-F]+ in )?([A-Za-z_][\w$.:<>]*)")
-_ADDRESS = re.compile(r"Address (0x[0-9a-fA-F]+)")
+_ADDRESS = re.compile(r"(?:Address|Access to) (0x[0-9a-fA-F]+)")
 _NEAREST = re.compile(r"(\d+) bytes (after|before) the nearest allocation at "
                       r"(0x[0-9a-fA-F]+) of size (\d+) bytes")
 
@@ -125,9 +126,11 @@ class SanitizerReport:
     text: str = ""  # the tool's own lines for this case
 
     def to_json(self) -> dict[str, Any]:
+        """The report as a corpus file holds it (the first ``KEPT_ERRORS`` errors)."""
         return {"tool": self.tool, "status": self.status, "seconds": round(self.seconds, 3),
-                "errors": [asdict(e) for e in self.errors], "note": self.note,
-                "text": self.text[-4000:]}
+                "error_count": len(self.errors),
+                "errors": [{**asdict(e), "text": e.text[:600]} for e in self.errors[:KEPT_ERRORS]],
+                "note": self.note, "text": self.text[:3000]}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SanitizerReport:
@@ -254,6 +257,7 @@ def _run_batch(exe: str, tool: str, target: str, cases: list[Case], device: str,
                     "cases": [c.on("cpu") for c in cases]}, batch)
         cmd = [exe, "--tool", tool, "--error-exitcode", str(ERROR_EXIT), "--print-limit", "64",
                "--target-processes", "application-only", "--launch-timeout", "0",
+               *(("--destroy-on-device-error", "kernel") if tool == "memcheck" else ()),
                sys.executable, "-m", "kda_fuzz.workers.sanitize", str(batch), str(result)]
         env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "PYTHONUNBUFFERED": "1"}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), env.get("PYTHONPATH"))
@@ -278,9 +282,10 @@ def _run_batch(exe: str, tool: str, target: str, cases: list[Case], device: str,
             records = json.loads(result.read_text())
         except (OSError, ValueError):
             records = None
-        complete = records is not None and len(records) == len(cases)
+        complete = records is not None and len(records) == len(cases) \
+            and all(r.get("done") for r in records)
         allocations = {f"{i}/{name}": (int(v[0]), int(v[1]))
-                       for i, rec in enumerate(records if complete else [])
+                       for i, rec in enumerate(records or [])
                        for name, v in rec["tensors"].items()}
         errors = parse_report(out, allocations)
         if not errors and proc.returncode == ERROR_EXIT:  # errors in words we do not know
@@ -290,12 +295,17 @@ def _run_batch(exe: str, tool: str, target: str, cases: list[Case], device: str,
                    f"ran every case: {_tail(out)}")
             return [SanitizerReport(tool, "failed", seconds=seconds, note=why) for _ in cases]
         loose = [e for e in errors if e.tensor is None]
+        owners = [int(e.tensor.split("/", 1)[0]) for e in errors if e.tensor is not None]
         reports = []
         for i in range(len(cases)):
             mine = [replace(e, tensor=e.tensor.split("/", 1)[1]) for e in errors
                     if e.tensor is not None and e.tensor.split("/", 1)[0] == str(i)]
-            raised = records[i].get("raised", "") if complete else ""
-            if loose and len(cases) > 1:
+            rec = (records or [])[i] if i < len(records or []) else {}
+            raised = rec.get("raised", "")
+            # after a case's error the process's later launches may not run: those cases,
+            # like every case of a batch whose errors name no tensor, are run again
+            after = bool(owners) and i > min(owners) and not mine
+            if len(cases) > 1 and (loose or after or not rec.get("done")):
                 reports.append(SanitizerReport(tool, "unsure", mine, seconds, raised))
             elif mine or loose:
                 reports.append(SanitizerReport(tool, "errors", mine + loose, seconds, raised,
@@ -343,16 +353,24 @@ def _main(batch: str, result: str) -> int:
         rec: dict[str, Any] = {"tensors": {n: [t.base.data_ptr(), t.base.numel()
                                                * t.base.element_size()]
                                            for n, t in tensors.items()}}
+        records.append(rec)
+        _write(result, records)  # before the call: a process the call ends has said where
         try:
             fn(*call_args(get_contract(case.contract), kwargs))
             if device.startswith("cuda"):
                 torch.cuda.synchronize()
         except Exception as e:  # the outcome was judged by the campaign: only noted here
             rec["raised"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        rec["done"] = True
+        _write(result, records)
         alive.append(tensors)  # every case's buffers stay allocated: addresses stay distinct
-        records.append(rec)
-    Path(result).write_text(json.dumps(records))
     return 0
+
+
+def _write(path: str, records: list[dict[str, Any]]) -> None:
+    tmp = f"{path}.tmp"
+    Path(tmp).write_text(json.dumps(records))
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":
