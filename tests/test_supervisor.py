@@ -214,7 +214,11 @@ def test_a_time_bounded_campaign_does_not_rerun_an_arms_simplest_case() -> None:
     report = c.run()
     runs = [v for v in drawn.values() if len(v) >= 3]
     assert report.examples == sum(map(len, drawn.values())) and runs
-    assert all(len(set(v)) >= 0.75 * len(v) for v in runs), \
+    # over all arms (a loaded machine runs few examples: one repeat in an arm of three is
+    # noise), and per arm where an arm ran enough to tell
+    assert sum(len(set(v)) for v in runs) >= 0.75 * sum(map(len, runs)), \
+        sorted((len(set(v)) / len(v), len(v)) for v in runs)[:5]
+    assert all(len(set(v)) >= 0.75 * len(v) for v in runs if len(v) >= 12), \
         sorted((len(set(v)) / len(v), len(v)) for v in runs)[:5]
 
 
