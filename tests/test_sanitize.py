@@ -195,3 +195,23 @@ def test_a_masked_read_past_the_indices_is_found(kda_device_name: str) -> None:
     assert r.status == "errors", (r.note, r.text)
     assert r.errors[0].tensor == "ssm_state_indices", r.text
     assert r.errors[0].access == "read"
+
+
+pytest_plugins = ["pytester"]
+
+
+@pytest.mark.slow
+def test_a_sanitizer_file_is_skipped_by_pytest_without_a_gpu(
+        fake_tool: Path, tmp_path: Path, pytester: pytest.Pytester) -> None:
+    from kda_fuzz.campaign.runner import Failure
+
+    pytester._monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the target, from pytester's dir
+    reports = sanitizer.sanitize("memcheck", WIDE, [_case(4)], device="cpu")
+    assert reports[0].status == "errors", reports[0].note
+    f = Failure(_case(4), reports[0].verdict(), WIDE)
+    FindingSaver(KDA, str(pytester.path / "corpus"), seed=1).found_inline(f, None)
+    pytester.makefile(".toml", pyproject="[tool.kda-fuzz]\n[tool.kda-fuzz.targets.kda]\n"
+                      f"triton = ['{WIDE}']\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*sanitizer-*needs --device cuda and compute-sanitizer*"])
