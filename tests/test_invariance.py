@@ -58,6 +58,7 @@ def test_sub_batches_are_judged_like_any_case_and_a_correct_target_passes(contra
     rep = campaign(contract, "triton", target, max_examples=60, seed=1, valid_share=1.0,
                    invariance_every=1, max_failures=20)
     assert rep.batch_checks > 20 and not rep.failures, [f.verdict.summary() for f in rep.failures]
+    assert rep.mode_seconds["batch invariance"] > 0  # its time is counted, by mode
 
 
 @pytest.mark.parametrize("kernel", [fused_recurrent_kda_packed_decode,

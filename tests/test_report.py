@@ -261,3 +261,16 @@ def test_the_time_line_gives_strata_compiles_and_start_up() -> None:
                                    "start-up 6.2 s summed over jobs")
     report.startup_seconds = 0.0
     assert time_shares(report) == "valid 75 %, scale 25 %; compiling 10 %"
+
+
+def test_the_time_line_gives_the_extra_checks_by_mode() -> None:
+    from types import SimpleNamespace
+
+    from kda_fuzz.report.progress import time_shares
+
+    report = SimpleNamespace(stratum_seconds={"valid": 40.0}, compiling_seconds=0.0,
+                             startup_seconds=0.0,
+                             mode_seconds={"batch invariance": 4.0, "CUDA graphs": 2.0,
+                                           "sanitizer": 12.5})
+    assert time_shares(report) == ("valid 100 %; of it CUDA graphs 5 %, batch invariance "
+                                   "10 %; sanitizer 12.5 s in the background")

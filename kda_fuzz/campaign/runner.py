@@ -136,6 +136,9 @@ class Report:
     scale_largest: dict[str, int] = field(default_factory=dict)
     # draws not run because layouts of their signature crashed or hung (kda_fuzz.campaign.steering)
     shifted: Counter = field(default_factory=Counter)
+    # seconds of the extra checks of passing cases, by mode ("batch invariance", "CUDA
+    # graphs"; "sanitizer": the tool's own, in the background), summed over jobs
+    mode_seconds: Counter = field(default_factory=Counter)
 
     COUNTERS = ("examples", "rows", "live_rows", "tail_rows", "valid_cases", "broken_cases",
                 "skipped", "seeds", "batch_checks", "graph_checks", "sanitize_sampled",
@@ -197,7 +200,7 @@ class Report:
                    judged=dict(self.judged), stratum_seconds=dict(self.stratum_seconds),
                    stratum_rows=dict(self.stratum_rows), scale_largest=dict(self.scale_largest),
                    unexecutable_causes=dict(self.unexecutable_causes),
-                   shifted=dict(self.shifted))
+                   shifted=dict(self.shifted), mode_seconds=dict(self.mode_seconds))
         return out
 
     def add_counters(self, c: dict[str, Any]) -> None:
@@ -213,6 +216,7 @@ class Report:
         self.stratum_rows.update(c.get("stratum_rows", {}))
         self._largest(c.get("scale_largest", {}))
         self.shifted.update(c.get("shifted", {}))
+        self.mode_seconds.update(c.get("mode_seconds", {}))
         room = WORDING_SAMPLES - len(self.wording_samples)
         self.wording_samples.extend(c["wording_samples"][:max(0, room)])
 
@@ -255,6 +259,7 @@ class Report:
             "seed_layouts": self.seeds,
             "batch_invariance_checks": self.batch_checks,
             "cuda_graph_checks": self.graph_checks,
+            "mode_seconds": {k: round(v, 3) for k, v in sorted(self.mode_seconds.items())},
             "sanitizer": {"sampled": self.sanitize_sampled, "sanitized": self.sanitized,
                           "failed": self.sanitize_failed,
                           "seconds": round(self.sanitize_seconds, 3)},
@@ -766,9 +771,11 @@ class Campaign:
             return
         assert first is not None
         if first.status == "pass" and self._batch_turn(pos, first):
-            self._batch_invariance(pos, case)
+            with self._timed("batch invariance"):
+                self._batch_invariance(pos, case)
         if first.status == "pass" and self._graph_turn(pos, first):
-            self._graph(pos, case)
+            with self._timed("CUDA graphs"):
+                self._graph(pos, case)
         if first.status == "pass" and self._sanitize_turn(pos, first, case):
             self._sanitizer_submit(case)
         self._sanitizer_collect()
@@ -837,6 +844,15 @@ class Campaign:
                 self._failed(marked, outcome.verdict, target, pos=pos, index=index)
                 return
 
+    @contextlib.contextmanager
+    def _timed(self, mode: str) -> Iterator[None]:
+        """Count the block's seconds as ``mode``'s (``Report.mode_seconds``)."""
+        t = time.monotonic()
+        try:
+            yield
+        finally:
+            self.report.mode_seconds[mode] += time.monotonic() - t
+
     def _sanitize_turn(self, pos: Position, first: Outcome, case: Case) -> bool:
         """Whether this passing example is also replayed under compute-sanitizer."""
         o = self.options
@@ -871,6 +887,7 @@ class Campaign:
                 continue
             self.report.sanitized += 1
             self.report.sanitize_seconds += r.seconds
+            self.report.mode_seconds["sanitizer"] += r.seconds
             verdict = r.verdict()
             if verdict is not None:
                 self._failed(s.case, verdict, self.targets[s.index], confirmed=True)
