@@ -698,6 +698,8 @@ def _wrap_up(args: argparse.Namespace, contract: Any, report: Any, new: list[Any
         from kda_fuzz.campaign.sanitizing import sanitizer_note
 
         report.notes.append(sanitizer_note(report, args.sanitize, args.sanitize_every))
+    if report.pinned:
+        report.notes.append(pinned_note(report.pinned))
     if report.graph_checks:
         report.notes.append(f"CUDA graphs: {report.graph_checks} valid case(s) also captured "
                             "once and replayed on other values of the same buffers")
@@ -820,6 +822,18 @@ def _pin_notes(options: dict[str, Any], targets: list[Any], contract: Any,
         notes.append(f"left out (the targets do not support them): {', '.join(left)} "
                      f"(drawn only with {describe(pins)})")
     return notes
+
+
+def pinned_note(pinned: dict[str, int]) -> str:
+    """``examples at the pinned layouts: qwen 120 valid, 6 scale (GPU limits at its
+    heads); ...``."""
+    by: dict[str, list[str]] = {}
+    for key, n in sorted(pinned.items()):
+        stratum, name = key.split(":", 1)
+        by.setdefault(name, []).append(
+            f"{n} {stratum}" + (" (the GPU limits at its heads)" if stratum == "scale" else ""))
+    return "examples at the pinned layouts: " + "; ".join(
+        f"{name} {', '.join(parts)}" for name, parts in sorted(by.items()))
 
 
 def _shard(args: argparse.Namespace) -> Any:

@@ -416,3 +416,50 @@ def test_the_plan_hands_the_restrictions_to_the_scale_stratum() -> None:
     arms = plan(contract, "triton", 200, scale_share=0.1, scale_budget=1 << 40,
                 restrict=restrict)
     assert any(a.stratum == "scale" for a in arms) and seen == [restrict]
+
+
+QWEN = {"H": 4, "HV": 8, "K": 64, "V": 64, "state": "bfloat16"}
+
+
+@pytest.mark.parametrize("variant", ["helion", "triton"])
+def test_a_pinned_layouts_scale_cases_keep_its_heads_and_cross_the_limits(variant: str
+                                                                          ) -> None:
+    budget = 64 * GiB
+    kinds = set()
+
+    @settings(max_examples=150, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(scale_layouts(variant, budget, QWEN))
+    def probe(s: ScaleLayout) -> None:
+        p = s.layout
+        assert (p.H, p.HV, p.K, p.V, p.state_dtype) == (4, 8, 64, 64, torch.bfloat16)
+        assert case_cost(s) <= budget
+        assert expectation(KDA, build_scale(s, variant, "meta")).ok
+        z = _sizes(s)
+        if s.kind == "bhv" and s.above:
+            assert z["BHV"] > GRID_YZ
+        if s.kind == "big-pool" and s.above:
+            assert z["pool"] > INT32
+        if s.kind == "qkv-stride" and s.above:
+            assert z["qkv_reach"] > INT32
+        kinds.add(s.kind)
+
+    probe()
+    assert kinds == set(fitting_kinds(budget, variant, QWEN)) and "bhv" in kinds
+    # at these heads a batch past 65,535 rows does not fit a few GiB: that limit is left out
+    assert "wide-batch" not in fitting_kinds(4 * GiB, variant, QWEN)
+
+
+def test_the_plan_gives_pinned_layouts_their_share_of_the_scale_stratum() -> None:
+    arms = plan(KDA, "triton", 400, scale_share=0.2, scale_budget=64 * GiB,
+                layouts=[("qwen", QWEN)], layout_share=0.75)
+    scale = {a.name: a.examples for a in arms if a.stratum == "scale"}
+    assert scale == {"scale:pin:qwen": 60, "scale": 20}
+
+
+def test_the_summary_counts_the_pinned_layouts_examples() -> None:
+    from kda_fuzz.cli import pinned_note
+
+    assert pinned_note({"valid:qwen": 120, "scale:qwen": 6, "valid:big": 3}) == (
+        "examples at the pinned layouts: big 3 valid; qwen 6 scale (the GPU limits at its "
+        "heads), 120 valid")

@@ -139,6 +139,8 @@ class Report:
     # seconds of the extra checks of passing cases, by mode ("batch invariance", "CUDA
     # graphs"; "sanitizer": the tool's own, in the background), summed over jobs
     mode_seconds: Counter = field(default_factory=Counter)
+    # examples of the pinned layouts' arms, by "stratum:NAME" ("valid:qwen", "scale:qwen")
+    pinned: Counter = field(default_factory=Counter)
 
     COUNTERS = ("examples", "rows", "live_rows", "tail_rows", "valid_cases", "broken_cases",
                 "skipped", "seeds", "batch_checks", "graph_checks", "sanitize_sampled",
@@ -200,7 +202,8 @@ class Report:
                    judged=dict(self.judged), stratum_seconds=dict(self.stratum_seconds),
                    stratum_rows=dict(self.stratum_rows), scale_largest=dict(self.scale_largest),
                    unexecutable_causes=dict(self.unexecutable_causes),
-                   shifted=dict(self.shifted), mode_seconds=dict(self.mode_seconds))
+                   shifted=dict(self.shifted), mode_seconds=dict(self.mode_seconds),
+                   pinned=dict(self.pinned))
         return out
 
     def add_counters(self, c: dict[str, Any]) -> None:
@@ -217,6 +220,7 @@ class Report:
         self._largest(c.get("scale_largest", {}))
         self.shifted.update(c.get("shifted", {}))
         self.mode_seconds.update(c.get("mode_seconds", {}))
+        self.pinned.update(c.get("pinned", {}))
         room = WORDING_SAMPLES - len(self.wording_samples)
         self.wording_samples.extend(c["wording_samples"][:max(0, room)])
 
@@ -260,6 +264,7 @@ class Report:
             "batch_invariance_checks": self.batch_checks,
             "cuda_graph_checks": self.graph_checks,
             "mode_seconds": {k: round(v, 3) for k, v in sorted(self.mode_seconds.items())},
+            "pinned_examples": dict(sorted(self.pinned.items())),
             "sanitizer": {"sampled": self.sanitize_sampled, "sanitized": self.sanitized,
                           "failed": self.sanitize_failed,
                           "seconds": round(self.sanitize_seconds, 3)},
@@ -343,7 +348,7 @@ def plan(contract: Contract, variant: str, max_examples: int, *, device: str = "
     around them), the rest to the whole space. ``restrict``: pins every arm honours
     (what the targets do not support is never drawn)."""
     arms_scale = _scale_arms(contract, variant, max_examples, device, scale_share,
-                             scale_budget, parts, restrict)
+                             scale_budget, parts, restrict, layouts, layout_share)
     max_examples -= sum(a.examples for a in arms_scale)
     arms = _plan(contract, variant, max_examples, device=device, budget=budget,
                  valid_share=valid_share, families=families, bucket=bucket, max_b=max_b,
@@ -354,20 +359,38 @@ def plan(contract: Contract, variant: str, max_examples: int, *, device: str = "
 
 def _scale_arms(contract: Contract, variant: str, max_examples: int, device: str,
                 share: float, budget: int | None, parts: int,
-                restrict: Mapping[str, Any] | None = None) -> list[Arm]:
+                restrict: Mapping[str, Any] | None = None,
+                layouts: Sequence[tuple[str, Mapping[str, Any]]] = (),
+                layout_share: float = 0.75) -> list[Arm]:
+    """The scale stratum's arms; with pinned ``layouts``, ``layout_share`` of its examples
+    go to the limits at each layout's heads (``scale:pin:NAME``), when any fits."""
     stratum = contract.scale
     n = round(max_examples * share)
     if not n or stratum is None:
         return []
     if budget is None:
         budget = stratum.device_budget(device, parts)
-    strategy = (stratum.cases(variant, device, budget, **({"pins": restrict} if restrict
-                                                          else {})) if budget else None)
-    if strategy is None:
+    if not budget:
         return []
-    return [Arm(f"scale:part{j}" if parts > 1 else "scale", strategy, k,
-                time_share=max(SCALE_TIME_SHARE, share))
-            for j, k in enumerate(_split(n, max(1, parts))) if k]
+    kw: dict[str, Any] = {"pins": restrict} if restrict else {}
+    arms: list[Arm] = []
+    time_share = max(SCALE_TIME_SHARE, share)
+    pinned = [(name, stratum.cases(variant, device, budget, focus=pins, **kw))
+              for name, pins in layouts] if stratum.focus else []
+    pinned = [(name, s) for name, s in pinned if s is not None]
+    if pinned:
+        n_pinned = round(n * layout_share)
+        n -= n_pinned
+        for (name, strategy), m in zip(pinned, _split(n_pinned, len(pinned))):
+            arms += [Arm(f"scale:pin:{name}" + (f":part{j}" if parts > 1 else ""), strategy,
+                         k, time_share=time_share)
+                     for j, k in enumerate(_split(m, max(1, parts))) if k]
+    strategy = stratum.cases(variant, device, budget, **kw)
+    if strategy is not None:
+        arms += [Arm(f"scale:part{j}" if parts > 1 else "scale", strategy, k,
+                     time_share=time_share)
+                 for j, k in enumerate(_split(n, max(1, parts))) if k]
+    return arms
 
 
 def _plan(contract: Contract, variant: str, max_examples: int, *, device: str,
@@ -581,6 +604,7 @@ class Campaign:
             self.report.add_counters(resume[1])
         self.hard = dict(hard or {})
         self._stratum = "valid"  # the stratum of the arm being run (see _run_arm)
+        self._arm = "valid"  # and its name
         self.known: dict[tuple[Any, ...], Failure] = {}
         self.seen = seen  # failures kept elsewhere (by the supervisor): repeats here
         self.stopped: Stop | None = None  # why it stopped early (None: not yet, or never)
@@ -687,6 +711,7 @@ class Campaign:
     def _run_arm(self, arm: Arm, n: int, rounds: int) -> None:
         self._share = arm.share
         self._stratum = arm.stratum
+        self._arm = arm.name
         self._strategy = arm.strategy
         self._first = arm_before(arm, self._cycle, rounds)
         # every Hypothesis run starts with the arm's simplest case: after the first round
@@ -927,6 +952,8 @@ class Campaign:
 
     def _count(self, outcome: Outcome, case: Case) -> None:
         self.report.record(outcome, case, self._stratum)
+        if ":pin:" in self._arm:  # a pinned layout's arm: "valid:pin:NAME[:partJ]"
+            self.report.pinned[f"{self._stratum}:{self._arm.split(':')[2]}"] += 1
         if self.on_example is not None:
             self.on_example(self.report)
 

@@ -212,10 +212,12 @@ class ScaleStratum:
     """A family's GPU-scale stratum: ``cases(variant, device, budget_bytes, pins=...)``
     is a strategy, or None when nothing fits (``pins``: what the targets do not support,
     as ``Contract.restrict`` gives it, never drawn); ``device_budget(device, jobs)`` the
-    bytes per case a device has room for."""
+    bytes per case a device has room for. ``focus``: ``cases`` also takes ``focus=`` (a
+    pinned layout's pins): cases at that layout's heads, the limits crossed around them."""
 
     cases: Callable[..., SearchStrategy[Case] | None]
     device_budget: Callable[[str, int], int]
+    focus: bool = False
 
 
 ScalarKind = str  # "float" (finite), "float?" (null or finite), "bool"

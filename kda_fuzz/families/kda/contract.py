@@ -176,7 +176,7 @@ CONTRACT = Contract(
     probe=lambda rows, width, variant: kda_layouts.build(
         kda_layouts.KdaLayout(B=rows, H=1, HV=1, K=width, V=width, seed=0), variant),
     # the GPU-scale stratum: (variant, device, budget_bytes) -> strategy or None
-    scale=ScaleStratum(kda_scale.scale_cases, kda_scale.device_budget),
+    scale=ScaleStratum(kda_scale.scale_cases, kda_scale.device_budget, focus=True),
     judge_budget=True,  # judge(..., budget={}) reports the error budget used
     judge_facts=True,  # judge(..., facts={}) says how a scale case was judged
     status=packed_judge.fused_status,  # says so when the fused GPU judge turned itself off

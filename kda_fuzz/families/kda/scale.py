@@ -102,20 +102,137 @@ def cheapest(kind: str) -> ScaleLayout:
     return ScaleLayout(kind, _layout(B=4097, HV=1, K=2, V=2))
 
 
-def fitting_kinds(budget_bytes: int) -> list[str]:
-    """Sub-strata whose cheapest case fits ``budget_bytes``."""
-    return [k for k in KINDS if case_cost(cheapest(k)) <= budget_bytes]
+FOCUS_FIELDS = ("H", "HV", "K", "V", "qkv_dtype", "out_dtype", "state_dtype", "idx_dtype",
+                "use_qk_l2norm_in_kernel", "lower_bound")
+
+
+def _choices(focus: Mapping[str, Any] | None, variant: str = "triton"
+             ) -> dict[str, list[Any]]:
+    """The pinned layout fields a scale case keeps (field -> values), from a layout's pins
+    (aliases and dtype names resolved; a strategy whose values cannot be listed is left
+    free)."""
+    if not focus:
+        return {}
+    from kda_fuzz.families.packed.pins import normalize, pin_values
+
+    out: dict[str, list[Any]] = {}
+    for name, strategy in normalize(focus, variant).items():
+        values = pin_values(strategy) if name in FOCUS_FIELDS else None
+        if values:
+            out[name] = values
+    return out
+
+
+def _kind_layout(kind: str, pick: Callable[[str, Any], Any], variant: str, above: bool,
+                 common: dict[str, Any]) -> KdaLayout:
+    """The layout of a sub-stratum's case; ``pick(field, choices)`` chooses each value
+    (drawn, or a pinned one)."""
+    small = _dims(variant)
+    if kind == "bhv":
+        HV = pick("HV", (2, 4, 8, 16, 32, 64))
+        k = pick("k", (1, 1, 2, 3))
+        below = GRID_YZ * k // HV
+        B = below + 1 + pick("extra", (0, 1, 2)) if above else below
+        return _layout(B=B, HV=HV, H=pick("H", (1, max(1, HV // 2))), K=pick("K", small),
+                       V=pick("V", small), spare_slots=pick("spare", (0, 1, 2, 3)), **common)
+    if kind == "wide-batch":
+        B = pick("B", (65537, 65536, 70000, 98305, 131073) if above else (65535, 65534))
+        HV = pick("HV", (1, 1, 2))
+        return _layout(B=B, HV=HV, H=pick("H", (1,)), K=pick("K", small), V=pick("V", small),
+                       spare_slots=pick("spare", (0, 1, 2, 3)), **common)
+    if kind == "big-pool":
+        if pick("wide", (True, False)):  # a few wide slots
+            HV, K, V = pick("HV", (16, 32, 64)), pick("K", (128,)), pick("V", (128,))
+        else:  # many narrow ones
+            HV, K, V = pick("HV", (1, 2)), pick("K", (16,)), pick("V", (16, 8))
+        state = pick("state_dtype", (torch.bfloat16, torch.bfloat16, torch.float16,
+                                     torch.float32))
+        slot = HV * V * K + common["slot_pad"]
+        n = INT32 // slot + 2 if above else INT32 // slot - 1
+        B = min(pick("B", tuple(range(1, 17))), n)
+        return _layout(B=B, HV=HV, H=pick("H", (1,)), K=K, V=V, spare_slots=n - B,
+                       state_dtype=state, **common)
+    if kind == "qkv-stride":
+        B = pick("B", (2, 3, 5, 9))
+        K, V = pick("K", small), pick("V", small)
+        HV, H = pick("HV", (1, 2)), pick("H", (1,))
+        width = 2 * H * K + HV * V
+        stride = -(-INT32 // (B - 1)) + pick("extra", (0, 1, 2, 3)) if above \
+            else (INT32 - width) // (B - 1) - 1
+        return _layout(B=B, HV=HV, H=H, K=K, V=V, qkv_row_pad=stride - width, **common)
+    K = pick("K", _dims(variant, small=False))  # tails
+    V = pick("V", _dims(variant, small=False))
+    HV = pick("HV", (1, 2, 4))
+    cap = max(1, (1 << 24) // (HV * V * K))
+    B = min(cap, pick("B", (4097, 4099, 8191, 16385, 32769, 65537)))
+    return _layout(B=B, HV=HV, H=pick("H", (1, HV)), K=K, V=V,
+                   spare_slots=pick("spare", (0, 1, 2, 3, 4, 5)), **common)
+
+
+def _pinned(pick: Callable[[str, Any], Any], at: dict[str, list[Any]]
+            ) -> Callable[[str, Any], Any]:
+    """``pick`` that takes a pinned field's value from ``at`` (a head count the pins do not
+    fix stays a divisor of HV: H from the pinned H, HV a multiple of it)."""
+    def chosen(name: str, options: Any) -> Any:
+        if name in at:
+            return pick(name, tuple(at[name]))
+        if name == "HV" and "H" in at:
+            h = at["H"][0]
+            options = tuple(o for o in options if o % h == 0) or (h,)
+        return pick(name, options)
+    return chosen
+
+
+def _fixed(name: str, options: Any) -> Any:
+    return options[0]
+
+
+def _heads_fit(p: KdaLayout) -> bool:
+    return p.H >= 1 and p.HV % p.H == 0
+
+
+def fitting_kinds(budget_bytes: int, variant: str = "triton",
+                  focus: Mapping[str, Any] | None = None) -> list[str]:
+    """Sub-strata whose cheapest case fits ``budget_bytes`` (at the ``focus`` pins' heads,
+    when given: the first pinned value of each field)."""
+    at = _choices(focus, variant)
+    if not at:
+        return [k for k in KINDS if case_cost(cheapest(k)) <= budget_bytes]
+    out = []
+    for kind in KINDS:
+        lay = _at_heads(_kind_layout(kind, _pinned(_fixed, at), variant, True,
+                                     _common_fixed()), at)
+        if _heads_fit(lay) and case_cost(ScaleLayout(kind, lay)) <= budget_bytes:
+            out.append(kind)
+    return out
+
+
+def _common_fixed() -> dict[str, Any]:
+    return dict(seed=0, qkv_dtype=torch.bfloat16, out_dtype=torch.bfloat16,
+                idx_dtype=torch.int32, slot_pad=0, guard=0)
+
+
+def _at_heads(p: KdaLayout, at: dict[str, list[Any]]) -> KdaLayout:
+    """``p`` with the pinned dtypes and flags the sub-stratum's choice left out."""
+    changes = {n: v[0] for n, v in at.items()
+               if n in FOCUS_FIELDS and n not in ("H", "HV", "K", "V")
+               and getattr(p, n) not in v}
+    return replace(p, **changes) if changes else p
 
 
 @st.composite
-def scale_layouts(draw: Callable, variant: str, budget_bytes: int) -> ScaleLayout:
+def scale_layouts(draw: Callable, variant: str, budget_bytes: int,
+                  focus: Mapping[str, Any] | None = None) -> ScaleLayout:
     """A ``ScaleLayout`` of a sub-stratum that fits ``budget_bytes`` (falling back to the
-    sub-stratum's cheapest case when the drawn one does not)."""
-    kinds = fitting_kinds(budget_bytes)
+    sub-stratum's cheapest case when the drawn one does not). ``focus``: pins of a
+    deployment's layout (``--layout``): the case keeps its heads, head dims and dtypes,
+    and B, slots and strides go to the limits at those heads (only the sub-strata whose
+    cheapest case there fits)."""
+    at = _choices(focus, variant)
+    kinds = fitting_kinds(budget_bytes, variant, focus)
     if not kinds:
         raise ValueError(f"no scale case fits a budget of {budget_bytes} bytes")
     kind = draw(st.sampled_from(kinds))
-    small = _dims(variant)
     above = draw(st.sampled_from((True, True, True, False)))
     seed = draw(st.integers(0, 2**32 - 1))
     pad_rate = draw(st.sampled_from((0.0, 0.0, 0.1)))
@@ -124,53 +241,20 @@ def scale_layouts(draw: Callable, variant: str, budget_bytes: int) -> ScaleLayou
                   idx_dtype=draw(st.sampled_from((torch.int32, torch.int64))),
                   slot_pad=draw(st.sampled_from((0, 0, 8))),
                   guard=draw(st.sampled_from((0, 4))))
-    if kind == "bhv":
-        HV = draw(st.sampled_from((2, 4, 8, 16, 32, 64)))
-        k = draw(st.sampled_from((1, 1, 2, 3)))
-        below = GRID_YZ * k // HV
-        B = below + 1 + draw(st.integers(0, 2)) if above else below
-        p = _layout(B=B, HV=HV, H=draw(st.sampled_from((1, HV // 2))), K=draw(st.sampled_from(
-            small)), V=draw(st.sampled_from(small)), spare_slots=draw(st.integers(0, 3)),
-            **common)
-    elif kind == "wide-batch":
-        B = draw(st.sampled_from((65537, 65536, 70000, 98305, 131073) if above
-                                 else (65535, 65534)))
-        p = _layout(B=B, HV=draw(st.sampled_from((1, 1, 2))), K=draw(st.sampled_from(small)),
-                    V=draw(st.sampled_from(small)), spare_slots=draw(st.integers(0, 3)),
-                    **common)
-    elif kind == "big-pool":
-        if draw(st.booleans()):  # a few wide slots
-            HV, K, V = draw(st.sampled_from((16, 32, 64))), 128, 128
-        else:  # many narrow ones
-            HV, K, V = draw(st.sampled_from((1, 2))), 16, draw(st.sampled_from((16, 8)))
-        state = draw(st.sampled_from((torch.bfloat16, torch.bfloat16, torch.float16,
-                                      torch.float32)))
-        slot = HV * V * K + common["slot_pad"]
-        n = INT32 // slot + 2 if above else INT32 // slot - 1
-        B = draw(st.integers(1, 16))
-        p = _layout(B=B, HV=HV, H=1, K=K, V=V, spare_slots=n - B, state_dtype=state,
-                    **common)
-    elif kind == "qkv-stride":
-        B = draw(st.sampled_from((2, 3, 5, 9)))
-        K, V = draw(st.sampled_from(small)), draw(st.sampled_from(small))
-        HV = draw(st.sampled_from((1, 2)))
-        width = 2 * K + HV * V
-        stride = -(-INT32 // (B - 1)) + draw(st.integers(0, 3)) if above \
-            else (INT32 - width) // (B - 1) - 1
-        p = _layout(B=B, HV=HV, K=K, V=V, qkv_row_pad=stride - width, **common)
-    else:  # tails
-        K = draw(st.sampled_from(_dims(variant, small=False)))
-        V = draw(st.sampled_from(_dims(variant, small=False)))
-        HV = draw(st.sampled_from((1, 2, 4)))
-        cap = max(1, (1 << 24) // (HV * V * K))
-        B = min(cap, draw(st.sampled_from((4097, 4099, 8191, 16385, 32769, 65537))))
-        p = _layout(B=B, HV=HV, H=draw(st.sampled_from((1, HV))), K=K, V=V,
-                    spare_slots=draw(st.integers(0, 5)), **common)
+
+    def drawn(name: str, options: Any) -> Any:
+        return draw(st.sampled_from(tuple(options)))
+
+    pick = _pinned(drawn, at) if at else drawn
+    p = _at_heads(_kind_layout(kind, pick, variant, above, common), at)
     s = ScaleLayout(kind, p, above, pad_rate if kind in ("bhv", "wide-batch", "tails") else 0.0)
-    if case_cost(s) > budget_bytes and p.state_dtype == torch.float32 and kind == "big-pool":
+    if case_cost(s) > budget_bytes and p.state_dtype == torch.float32 and kind == "big-pool" \
+            and "state_dtype" not in at:
         s = replace(s, layout=replace(p, state_dtype=torch.bfloat16))
-    if case_cost(s) > budget_bytes:
-        s = cheapest(kind)
+    if case_cost(s) > budget_bytes or not _heads_fit(s.layout):
+        s = (ScaleLayout(kind, _at_heads(_kind_layout(kind, _pinned(_fixed, at), variant, True,
+                                                      {**common, "slot_pad": 0}), at))
+             if at else cheapest(kind))
     return s
 
 
@@ -242,15 +326,17 @@ def _with_sizes(case: Case) -> Case:
 
 
 def scale_cases(variant: str, device: str = "cpu", budget_bytes: int = 1 << 30, *,
-                pins: Mapping[str, Any] | None = None) -> st.SearchStrategy[Case] | None:
+                pins: Mapping[str, Any] | None = None,
+                focus: Mapping[str, Any] | None = None) -> st.SearchStrategy[Case] | None:
     """Scale cases of a variant within ``budget_bytes`` (None when none fits), within
-    ``pins`` (what the targets do not support is left out: :func:`honour`). On cuda,
+    ``pins`` (what the targets do not support is left out: :func:`honour`), at the heads
+    of ``focus`` (a pinned layout's pins: :func:`scale_layouts`). On cuda,
     a case is checked against the device's free memory when it is built and replaced by
     its sub-stratum's cheapest case (or the cheapest of all) when it would not fit, or
     when building it runs out of this job's share of memory (then no case at all)."""
-    if not fitting_kinds(budget_bytes):
+    if not fitting_kinds(budget_bytes, variant, focus):
         return None
-    return scale_layouts(variant, budget_bytes).map(
+    return scale_layouts(variant, budget_bytes, focus).map(
         lambda s: build_within_memory(honour(s, pins), variant, device))
 
 

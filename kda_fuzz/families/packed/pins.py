@@ -132,7 +132,7 @@ def normalize(pins: Mapping[str, Any] | None, variant: str,
     return out
 
 
-def _examples(s: st.SearchStrategy[Any]) -> list[Any] | None:
+def pin_values(s: st.SearchStrategy[Any]) -> list[Any] | None:
     """The values of a pin given as a value or list (None for a user's strategy)."""
     inner = getattr(s, "wrapped_strategy", s)
     if hasattr(inner, "elements"):
@@ -143,8 +143,8 @@ def _examples(s: st.SearchStrategy[Any]) -> list[Any] | None:
 
 
 def _check_heads(out: dict[str, st.SearchStrategy[Any]]) -> None:
-    hs = _examples(out["H"]) if "H" in out else None
-    hvs = _examples(out["HV"]) if "HV" in out else None
+    hs = pin_values(out["H"]) if "H" in out else None
+    hvs = pin_values(out["HV"]) if "HV" in out else None
     if hs and hvs and not any(hv % h == 0 for h in hs for hv in hvs):
         raise PinError(f"no pinned HV {hvs} is a multiple of a pinned H {hs} "
                        "(value heads are grouped over key heads)")
