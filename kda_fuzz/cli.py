@@ -825,15 +825,15 @@ def _pin_notes(options: dict[str, Any], targets: list[Any], contract: Any,
 
 
 def pinned_note(pinned: dict[str, int]) -> str:
-    """``examples at the pinned layouts: qwen 120 valid, 6 scale (GPU limits at its
-    heads); ...``."""
+    """``examples at the pinned layouts: qwen: 6 scale (the GPU limits at its heads), 120
+    valid; ...``."""
     by: dict[str, list[str]] = {}
     for key, n in sorted(pinned.items()):
         stratum, name = key.split(":", 1)
         by.setdefault(name, []).append(
             f"{n} {stratum}" + (" (the GPU limits at its heads)" if stratum == "scale" else ""))
     return "examples at the pinned layouts: " + "; ".join(
-        f"{name} {', '.join(parts)}" for name, parts in sorted(by.items()))
+        f"{name}: {', '.join(parts)}" for name, parts in sorted(by.items()))
 
 
 def _shard(args: argparse.Namespace) -> Any:

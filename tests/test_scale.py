@@ -461,5 +461,5 @@ def test_the_summary_counts_the_pinned_layouts_examples() -> None:
     from kda_fuzz.cli import pinned_note
 
     assert pinned_note({"valid:qwen": 120, "scale:qwen": 6, "valid:big": 3}) == (
-        "examples at the pinned layouts: big 3 valid; qwen 6 scale (the GPU limits at its "
+        "examples at the pinned layouts: big: 3 valid; qwen: 6 scale (the GPU limits at its "
         "heads), 120 valid")
