@@ -31,6 +31,7 @@ from kda_fuzz.engine.oracle import (
     graph_replay,
     run_case,
     run_peers,
+    under_configs,
 )
 from kda_fuzz.engine.targets import (
     Target,
@@ -40,7 +41,8 @@ from kda_fuzz.engine.targets import (
     load_target,
 )
 from kda_fuzz.engine.verdict import Verdict
-from kda_fuzz.execution import compiles
+from kda_fuzz.execution import compiles, configs
+from kda_fuzz.execution.variants import CONFIG_SPACE, Variant
 
 # Loading targets lives in kda_fuzz.engine.targets; the names stay importable from here.
 __all__ = ["Arm", "Campaign", "CampaignOptions", "Failure", "Recorder", "Report", "Target",
@@ -74,6 +76,30 @@ class Failure:
 
 WORDING_SAMPLES = 5
 CAUSES = 5  # distinct causes of examples not executable, kept with their counts
+
+
+@dataclass
+class VariantSeen:
+    """One compiled variant a target ran (``Outcome.variants``, see
+    :mod:`kda_fuzz.execution.variants`): in how many examples, and the smallest layout
+    (in bytes of its buffers) that reached it."""
+
+    kernel: str
+    detail: str = ""
+    space: int = 0  # Variant.space: the variants its kernel declares (-1: a config space)
+    count: int = 0
+    layout: str = ""
+    size: int = 0
+
+    def merge(self, other: VariantSeen) -> None:
+        self.count += other.count
+        if other.layout and (not self.layout or other.size < self.size):
+            self.layout, self.size = other.layout, other.size
+
+
+def case_bytes(case: Case) -> int:
+    """The bytes a case's views reach (what makes one layout smaller than another)."""
+    return sum(t.footprint() * t.base.element_size() for t in case.tensors.values())
 
 
 @dataclass
@@ -128,11 +154,19 @@ class Report:
     scale_largest: dict[str, int] = field(default_factory=dict)
     # draws not run because layouts of their signature crashed or hung (kda_fuzz.campaign.steering)
     shifted: Counter = field(default_factory=Counter)
+    # variant coverage: target -> variant label -> what ran it (kda_fuzz.execution.variants)
+    variants: dict[str, dict[str, VariantSeen]] = field(default_factory=dict)
+    # CampaignOptions.kernel_configs: valid examples also run under other kernel configs,
+    # the runs judged, and the configs skipped (they do not compile or run here) by cause
+    config_checks: int = 0
+    config_runs: int = 0
+    config_skips: Counter = field(default_factory=Counter)
 
     COUNTERS = ("examples", "rows", "live_rows", "tail_rows", "valid_cases", "broken_cases",
                 "skipped", "seeds", "batch_checks", "graph_checks", "compiles",
                 "compiling_seconds",
-                "startup_seconds", "unexecutable", "unexecutable_valid")
+                "startup_seconds", "unexecutable", "unexecutable_valid", "config_checks",
+                "config_runs")
 
     def record(self, outcome: Outcome, case: Case, stratum: str = "valid") -> None:
         """Count one judged example (its first target's outcome) of ``stratum``; the rows
@@ -165,6 +199,51 @@ class Report:
             if len(self.wording_samples) < WORDING_SAMPLES:
                 self.wording_samples.append(outcome.wording)
 
+    def ran(self, target: str, launched: Sequence[Variant], case: Case,
+            layout: Callable[[Case], str]) -> None:
+        """Count the variants one example's call of ``target`` launched (``layout``: the
+        one-line summary of a case, made only for a variant's smallest case so far)."""
+        if not launched:
+            return
+        seen = self.variants.setdefault(target, {})
+        size = case_bytes(case)
+        for v in launched:
+            rec = seen.get(v.label)
+            if rec is None:
+                rec = seen[v.label] = VariantSeen(v.kernel, v.detail, v.space)
+            rec.count += 1
+            if not rec.layout or size < rec.size:
+                rec.layout, rec.size = layout(case), size
+
+    def unrun_variants(self) -> list[str]:
+        """Where the variants that ran show others that did not: an autotuner's configs
+        not chosen, a config space of which only the kernel's own config ran."""
+        out = []
+        for target, seen in sorted(self.variants.items()):
+            kernels: dict[tuple[str, int], int] = {}
+            for rec in seen.values():
+                if rec.space > 1 or rec.space == CONFIG_SPACE:
+                    kernels[(rec.kernel, rec.space)] = kernels.get((rec.kernel, rec.space), 0) + 1
+            for (kernel, space), n in sorted(kernels.items()):
+                if space > n:
+                    out.append(f"{target}: {kernel} declares {space} autotune configs, "
+                               f"{n} ran (chosen by its autotuner; on cpu the first)")
+                elif space == CONFIG_SPACE and not self.config_runs:
+                    out.append(f"{target}: {kernel} has a config space; only its own config "
+                               f"ran ({n} variant(s)): {configs.OPTION} N runs N others")
+        return out
+
+    def variants_json(self) -> dict[str, Any]:
+        """Per target: each variant that ran (most examples first) with the smallest layout
+        that reached it."""
+        return {target: [{"id": label, "kernel": r.kernel, "examples": r.count,
+                          "layout": r.layout, "layout_bytes": r.size, "detail": r.detail,
+                          **({"declared": r.space} if r.space > 1 else {}),
+                          **({"config_space": True} if r.space == CONFIG_SPACE else {})}
+                         for label, r in sorted(seen.items(), key=lambda kv: (-kv[1].count,
+                                                                              kv[0]))]
+                for target, seen in sorted(self.variants.items())}
+
     def not_executable(self, exp_ok: bool, cause: str) -> None:
         """Count an example the execution machinery could not run (not a verdict)."""
         self.unexecutable += 1
@@ -188,7 +267,9 @@ class Report:
                    judged=dict(self.judged), stratum_seconds=dict(self.stratum_seconds),
                    stratum_rows=dict(self.stratum_rows), scale_largest=dict(self.scale_largest),
                    unexecutable_causes=dict(self.unexecutable_causes),
-                   shifted=dict(self.shifted))
+                   shifted=dict(self.shifted), config_skips=dict(self.config_skips),
+                   variants={t: {k: vars(r).copy() for k, r in seen.items()}
+                             for t, seen in self.variants.items()})
         return out
 
     def add_counters(self, c: dict[str, Any]) -> None:
@@ -204,6 +285,17 @@ class Report:
         self.stratum_rows.update(c.get("stratum_rows", {}))
         self._largest(c.get("scale_largest", {}))
         self.shifted.update(c.get("shifted", {}))
+        for cause, n in c.get("config_skips", {}).items():
+            if cause in self.config_skips or len(self.config_skips) < CAUSES:
+                self.config_skips[cause] += n
+        for target, seen in c.get("variants", {}).items():
+            mine = self.variants.setdefault(target, {})
+            for label, rec in seen.items():
+                other = VariantSeen(**rec)
+                if label in mine:
+                    mine[label].merge(other)
+                else:
+                    mine[label] = other
         room = WORDING_SAMPLES - len(self.wording_samples)
         self.wording_samples.extend(c["wording_samples"][:max(0, room)])
 
@@ -246,6 +338,11 @@ class Report:
             "seed_layouts": self.seeds,
             "batch_invariance_checks": self.batch_checks,
             "cuda_graph_checks": self.graph_checks,
+            "variants": self.variants_json(),
+            "unrun_variants": self.unrun_variants(),
+            "kernel_configs": {"examples": self.config_checks, "runs": self.config_runs,
+                               "skipped": sum(self.config_skips.values()),
+                               "skip_causes": dict(self.config_skips)},
             "failures": len(self.failures),
             "failure_details": [
                 {"target": f.target, **f.verdict.to_json(), "count": f.count,
@@ -484,6 +581,9 @@ class CampaignOptions:
     # CUDA graph and replayed on other values (oracle.graph_replay)
     cuda_graphs: bool = False
     graph_every: int = 4
+    # passing valid examples also run under this many other configs of each configurable
+    # kernel their target launched (kda_fuzz.execution.configs), each judged as a case
+    kernel_configs: int = 0
 
 
 def campaign_plan(contract: Contract, variant: str, o: CampaignOptions) -> list[Arm]:
@@ -729,11 +829,14 @@ class Campaign:
         if self._deadline is not None and time.monotonic() > self._deadline:
             raise _Stopped
         first: Outcome | None = None
+        outcomes: list[Outcome] = []
         built = compiles.totals()
         try:
             for index, target in enumerate(self.targets):
                 outcome = self._judge(pos, index, case, target, budget=first is None)
                 first = first or outcome
+                outcomes.append(outcome)
+                self.report.ran(target.name, outcome.variants, case, self._layout)
                 if outcome.status == "fail":
                     assert outcome.verdict is not None
                     self._failed(case, outcome.verdict, target, pos=pos, index=index)
@@ -750,6 +853,8 @@ class Campaign:
             self._batch_invariance(pos, case)
         if first.status == "pass" and self._graph_turn(pos, first):
             self._graph(pos, case)
+        if self.options.kernel_configs and first.expectation.ok and self._stratum != "scale":
+            self._other_configs(pos, case, outcomes)
         for peer in self.peers if first.status == "pass" else ():
             main = self.targets[0]
             pair = run_peers(self.contract, case, [(main.name, main.fn), (peer.name, peer.fn)])
@@ -814,6 +919,41 @@ class Campaign:
                 marked = replace(case, notes={**case.notes, "graph": True})
                 self._failed(marked, outcome.verdict, target, pos=pos, index=index)
                 return
+
+    def _layout(self, case: Case) -> str:
+        summarize = self.contract.summarize
+        return summarize(case) if summarize is not None else case.describe()
+
+    def _other_configs(self, pos: Position, case: Case, outcomes: list[Outcome]) -> None:
+        """Run a valid case that passed on a target again under ``kernel_configs`` other
+        configs of the configurable kernels it launched, each judged like any case; a
+        config that does not compile or run here is skipped (counted), not a verdict."""
+        counted = False
+        for index, target in enumerate(self.targets[:len(self.targets) - len(self.peers)]):
+            own = outcomes[index] if index < len(outcomes) else None
+            if own is None or own.status != "pass" or not any(
+                    v.space == CONFIG_SPACE for v in own.variants):
+                continue
+            if not counted:
+                self.report.config_checks += 1
+                counted = True
+            for i in range(self.options.kernel_configs):
+                with configs.alternative(i, self.options.seed or 0) as alt:
+                    outcome = self._judge(pos, index, case, target)
+                if alt.exhausted:
+                    break  # no more configs for this layout
+                if alt.unavailable and outcome.status == "skip":
+                    self.report.config_skips[_cause(alt.unavailable)] += 1
+                    continue
+                if not alt.used:
+                    break  # it launched no configurable kernel this time
+                self.report.config_runs += 1
+                if outcome.status == "fail" and outcome.verdict is not None:
+                    saved = configs.note(alt)
+                    marked = replace(case, notes={**case.notes, configs.NOTE: saved})
+                    self._failed(marked, under_configs(outcome.verdict, saved), target,
+                                 pos=pos, index=index)
+                    return
 
     def _judge(self, pos: Position, index: int, case: Case, target: Target,
                budget: bool = False) -> Outcome:
@@ -912,6 +1052,13 @@ class Campaign:
                         v.where, {**v.extra, "reproduced": same, "reruns": runs,
                                   "first_kind": v.kind})
         return Failure(failure.case, flaky, failure.target)
+
+
+def _cause(text: str) -> str:
+    """A skipped config's cause with its numbers masked (few distinct ones are kept)."""
+    from kda_fuzz.engine.verdict import masked
+
+    return masked(text)[:160]
 
 
 def load_seed(contract: Contract, path: str) -> Case:
