@@ -127,3 +127,22 @@ def test_the_project_helion_kernel_passes_under_other_configs() -> None:
                       seed=3, kernel_configs=3, **SMALL)
     assert not report.failures
     assert report.config_runs + sum(report.config_skips.values()) >= 4
+
+
+def test_hooks_of_two_concerns_on_one_method_stack() -> None:
+    import triton.runtime.autotuner
+    import triton.runtime.jit
+
+    from kda_fuzz.execution import cpu, variants
+    from kda_fuzz.execution.patching import MARK
+
+    cpu.configure_cpu()
+    variants.install()
+    variants.install()  # a second install adds nothing
+    for method in (triton.runtime.jit.JITFunction.run, triton.runtime.autotuner.Autotuner.run):
+        tags = getattr(method, MARK)
+        assert {t.split(".<locals>")[0] for t in tags} >= {
+            "kda_fuzz.execution.cpu._hook_jit" if "jit" in method.__module__ else
+            "kda_fuzz.execution.cpu._hook_autotuner",
+            "kda_fuzz.execution.variants._hook_jit" if "jit" in method.__module__ else
+            "kda_fuzz.execution.variants._hook_autotuner"}, tags
