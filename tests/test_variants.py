@@ -146,3 +146,18 @@ def test_hooks_of_two_concerns_on_one_method_stack() -> None:
             "kda_fuzz.execution.cpu._hook_autotuner",
             "kda_fuzz.execution.variants._hook_jit" if "jit" in method.__module__ else
             "kda_fuzz.execution.variants._hook_autotuner"}, tags
+
+
+def test_a_crash_under_other_configs_is_saved_to_run_under_them_again() -> None:
+    from kda_fuzz.campaign.runner import Campaign, CampaignOptions
+    from kda_fuzz.engine.verdict import Verdict
+
+    died = Verdict("crash", "device-fault", "the device faulted: CUDA error: misaligned address",
+                   extra={"config_alternative": 1})  # the supervisor's record of the call
+    c = Campaign(get_contract("kda"), "triton", [load_target(TRITON)],
+                 options=CampaignOptions(max_examples=1, seed=5, **SMALL),
+                 hard={(0, 0, 0): (0, died)})
+    (f,) = c.run().failures
+    assert f.case.notes["kernel_configs"] == {"index": 1, "seed": 5, "configs": {}}
+    assert f.verdict.kind == "crash" and f.verdict.extra["config"] == "configs:"
+    assert f.signature[1:3] == ("config", "configs:")  # not the crash of the kernels' own

@@ -599,7 +599,13 @@ def campaign_plan(contract: Contract, variant: str, o: CampaignOptions) -> list[
 
 class Recorder:
     """Where a campaign says what it is doing, so that a supervisor can tell a target's
-    crash or hang from the fuzzer's own (the in-process default records nothing)."""
+    crash or hang from the fuzzer's own (the in-process default records nothing).
+
+    ``alternative``: 1 + the number of the other kernel configs the calls are made under
+    (``CampaignOptions.kernel_configs``), 0 under the kernels' own: a crash or hang there
+    is saved with it."""
+
+    alternative: int = 0
 
     def call(self, position: Position, target: int) -> contextlib.AbstractContextManager[Any]:
         """Wraps one target call."""
@@ -820,6 +826,12 @@ class Campaign:
             index, verdict = hard
             outcome = Outcome("fail", expectation(self.contract, case), verdict)
             self._count(outcome, case)
+            alt = verdict.extra.get("config_alternative")
+            if alt is not None:  # it died under other configs: the file re-runs them
+                saved = {"index": int(alt), "seed": self.options.seed or 0,
+                         "configs": {k: {} for k in self._configurable(self.targets[index])}}
+                case = replace(case, notes={**case.notes, configs.NOTE: saved})
+                verdict = under_configs(verdict, saved)
             self._failed(case.on("cpu"), verdict, self.targets[index], confirmed=True)
             self.steering.observe(self._stratum, case, fault=True)
             return
@@ -938,8 +950,12 @@ class Campaign:
                 self.report.config_checks += 1
                 counted = True
             for i in range(self.options.kernel_configs):
-                with configs.alternative(i, self.options.seed or 0) as alt:
-                    outcome = self._judge(pos, index, case, target)
+                self.recorder.alternative = i + 1
+                try:
+                    with configs.alternative(i, self.options.seed or 0) as alt:
+                        outcome = self._judge(pos, index, case, target)
+                finally:
+                    self.recorder.alternative = 0
                 if alt.exhausted:
                     break  # no more configs for this layout
                 if alt.unavailable and outcome.status == "skip":
@@ -954,6 +970,11 @@ class Campaign:
                     self._failed(marked, under_configs(outcome.verdict, saved), target,
                                  pos=pos, index=index)
                     return
+
+    def _configurable(self, target: Target) -> list[str]:
+        """The kernels with a config space the target was seen launching."""
+        return sorted({r.kernel for r in self.report.variants.get(target.name, {}).values()
+                       if r.space == CONFIG_SPACE})
 
     def _judge(self, pos: Position, index: int, case: Case, target: Target,
                budget: bool = False) -> Outcome:

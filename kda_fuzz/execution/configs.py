@@ -183,14 +183,14 @@ def choose(bound: Any, default: Any, args: Sequence[Any]) -> Any:
     if alt is None:
         return default
     name = str(getattr(bound.kernel, "name", "kernel"))
-    if alt.pins is not None:
-        values = alt.pins.get(name)
-        if values is None:
-            return default
+    values = (alt.pins or {}).get(name)
+    if values:
         import helion
 
         config = helion.Config(**values)
-    else:
+    elif alt.index is None or (alt.pins and name not in alt.pins):
+        return default  # a saved call's other kernel, run under its own config
+    else:  # alternative number ``index`` (a saved crash or hang names only that)
         assert alt.index is not None
         options = alternatives(bound, default, args, alt.seed, alt.index + 1)
         if len(options) <= alt.index:

@@ -298,18 +298,22 @@ def _hook_helion(module: Any) -> None:
         wrap_once(module.BoundKernel, "autotune", on_autotune)
 
 
+_HOOKS = {"triton.runtime.jit": ("JITFunction", _hook_jit),
+          "triton.runtime.autotuner": ("Autotuner", _hook_autotuner),
+          "helion.runtime.kernel": ("BoundKernel", _hook_helion)}
+_done: set[str] = set()  # the modules of _HOOKS hooked already
+
+
 def install() -> None:
     """Hook the launches of whichever of triton and helion are imported (cheap when done
     already; nothing is imported here)."""
-    jit = sys.modules.get("triton.runtime.jit")
-    if jit is not None and hasattr(jit, "JITFunction"):
-        _hook_jit(jit)
-    autotuner = sys.modules.get("triton.runtime.autotuner")
-    if autotuner is not None and hasattr(autotuner, "Autotuner"):
-        _hook_autotuner(autotuner)
-    helion = sys.modules.get("helion.runtime.kernel")
-    if helion is not None and hasattr(helion, "BoundKernel"):
-        _hook_helion(helion)
+    if len(_done) == len(_HOOKS):
+        return
+    for name, (cls, hook) in _HOOKS.items():
+        module = sys.modules.get(name)
+        if name not in _done and module is not None and hasattr(module, cls):
+            hook(module)
+            _done.add(name)
 
 
 __all__ = ["CONFIG_SPACE", "Variant", "config_variant", "install", "interpreted", "note",
