@@ -99,7 +99,11 @@ def tag(saved: Mapping[str, Any]) -> str:
 
 
 def describe(saved: Mapping[str, Any]) -> str:
-    """``_decode: block_sizes=[2], num_warps=4, ...`` for each kernel of a saved note."""
+    """``_decode: block_sizes=[2], num_warps=4, ...`` for each kernel of a saved note
+    (``alternative 2 of each kernel, seed 7`` for one that names no values: a crash's)."""
+    if not any(dict(saved.get("configs") or {}).values()):
+        return (f"alternative {saved.get('index')} of each kernel, seed {saved.get('seed')}: "
+                "drawn again on replay")
     return "; ".join(f"{k}: " + ", ".join(f"{n}={v!r}" for n, v in sorted(dict(c).items()))
                      for k, c in sorted(dict(saved.get("configs") or {}).items()))
 
