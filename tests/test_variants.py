@@ -161,3 +161,16 @@ def test_a_crash_under_other_configs_is_saved_to_run_under_them_again() -> None:
     assert f.case.notes["kernel_configs"] == {"index": 1, "seed": 5, "configs": {}}
     assert f.verdict.kind == "crash" and f.verdict.extra["config"] == "configs:"
     assert f.signature[1:3] == ("config", "configs:")  # not the crash of the kernels' own
+
+
+def test_variants_past_the_cap_are_counted_together() -> None:
+    from kda_fuzz.campaign import runner
+    from kda_fuzz.execution.variants import Variant
+    from kda_fuzz.families.kda.layouts import KdaLayout, build
+
+    report, case = Report("kda", "triton", ["t"]), build(KdaLayout(B=1, H=1, HV=1, K=4, V=4,
+                                                                   seed=0), "triton")
+    for i in range(runner.VARIANTS + 5):
+        report.ran("t", [Variant(f"k[{i}]", "k")], case, lambda c: "layout")
+    seen = report.variants["t"]
+    assert len(seen) == runner.VARIANTS + 1 and seen[runner.MORE_VARIANTS].count == 5

@@ -76,6 +76,8 @@ class Failure:
 
 WORDING_SAMPLES = 5
 CAUSES = 5  # distinct causes of examples not executable, kept with their counts
+VARIANTS = 200  # distinct variants kept per target; later ones are counted together
+MORE_VARIANTS = "(other variants)"
 
 
 @dataclass
@@ -95,6 +97,15 @@ class VariantSeen:
         self.count += other.count
         if other.layout and (not self.layout or other.size < self.size):
             self.layout, self.size = other.layout, other.size
+
+
+def _room(seen: dict[str, VariantSeen], label: str, new: VariantSeen) -> VariantSeen:
+    """The record a new variant is counted in: its own, or past ``VARIANTS`` distinct
+    ones (a kernel specialising on every shape) the one of the others together."""
+    if len(seen) < VARIANTS or label == MORE_VARIANTS:
+        return seen.setdefault(label, new)
+    return seen.setdefault(MORE_VARIANTS, VariantSeen(
+        "*", f"the variants past the first {VARIANTS} of this target, counted together"))
 
 
 def case_bytes(case: Case) -> int:
@@ -210,7 +221,7 @@ class Report:
         for v in launched:
             rec = seen.get(v.label)
             if rec is None:
-                rec = seen[v.label] = VariantSeen(v.kernel, v.detail, v.space)
+                rec = _room(seen, v.label, VariantSeen(v.kernel, v.detail, v.space))
             rec.count += 1
             if not rec.layout or size < rec.size:
                 rec.layout, rec.size = layout(case), size
@@ -295,7 +306,9 @@ class Report:
                 if label in mine:
                     mine[label].merge(other)
                 else:
-                    mine[label] = other
+                    kept = _room(mine, label, VariantSeen(other.kernel, other.detail,
+                                                          other.space))
+                    kept.merge(other)
         room = WORDING_SAMPLES - len(self.wording_samples)
         self.wording_samples.extend(c["wording_samples"][:max(0, room)])
 

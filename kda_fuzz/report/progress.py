@@ -217,7 +217,7 @@ def variant_lines(report: Any, shown: int = VARIANTS_SHOWN) -> list[str]:
     seen = getattr(report, "variants", None) or {}
     lines = []
     for target, by_label in sorted(seen.items()):
-        kernels = sorted({r.kernel for r in by_label.values()})
+        kernels = sorted({r.kernel for r in by_label.values() if r.kernel != "*"})
         lines.append(f"Variants of {target}: {len(by_label)} ran, of {len(kernels)} "
                      f"kernel(s) ({', '.join(kernels)})")
         ranked = sorted(by_label.items(), key=lambda kv: (-kv[1].count, kv[0]))
