@@ -226,6 +226,12 @@ def _fuzz_parser(sub: Any) -> None:
                    new="--compile-groups", help=argparse.SUPPRESS)
     g.add_argument("--no-bucket", action="store_true",
                    help="do not round B up to powers of four with padding rows on cuda")
+    g.add_argument("--helion-configs", type=int, default=0, metavar="N",
+                   help="also run each valid case that passes under N other valid configs of "
+                        "each Helion kernel its target launches (drawn from the kernel's "
+                        "config space, deterministic per seed and layout), each judged against "
+                        "the reference; configs that do not compile or run are skipped "
+                        "(default: 0)")
     g.add_argument("--cuda-graphs", action="store_true",
                    help="also capture one valid example in 4 in a CUDA graph and judge its "
                         "replay on other values of the same buffers, as serving engines run "
@@ -356,6 +362,8 @@ def check_fuzz_args(args: argparse.Namespace) -> None:
         raise UsageError("--max-examples must be at least 1")
     if args.max_failures < 1:
         raise UsageError("--max-failures must be at least 1")
+    if args.helion_configs < 0:
+        raise UsageError("--helion-configs must be 0 or more")
     if args.cuda_graphs and not str(args.device).startswith("cuda"):
         raise UsageError("--cuda-graphs needs --device cuda")
     if not 0 <= args.valid_share <= 1:
@@ -561,6 +569,7 @@ def _fuzz(args: argparse.Namespace, signals: Any = None) -> int:
         max_failures=args.max_failures, messages=args.messages, strict=args.strict,
         invariance=args.invariance, cuda_graphs=args.cuda_graphs, history=bool(args.report),
         sanitize=args.sanitize, sanitize_every=args.sanitize_every,
+        kernel_configs=args.helion_configs,
         **_shaping(args, contract))
     options.update(_pinned(args, contract))
     options["seeds"], seed_notes = _seed_layouts(args.seed_layouts, contract)
@@ -709,6 +718,13 @@ def _wrap_up(args: argparse.Namespace, contract: Any, report: Any, new: list[Any
             "case(s) re-run in other batches (a row alone, the rows reversed), judged like any "
             "case" + (" and compared bit for bit with the whole batch's rows"
                       if args.invariance == "bitwise" else ""))
+    if args.helion_configs:
+        skipped = sum(report.config_skips.values())
+        report.notes.append(
+            f"--helion-configs {args.helion_configs}: {report.config_checks} valid case(s) "
+            f"also run under other configs of their Helion kernels: {report.config_runs} "
+            f"run(s) judged, {skipped} config(s) skipped (they do not compile or run here)"
+            + ("".join(f"; {n} x {c}" for c, n in report.config_skips.most_common(3))))
     if corpus and report.failures:
         _save(report, contract, corpus, args, done=saver.settled)
     if share is not None:

@@ -163,7 +163,14 @@ def test_an_asynchronous_device_fault_is_the_targets_crash(monkeypatch) -> None:
     import pytest
     import torch
 
-    from kda_fuzz.campaign.supervisor import CALLING, FAULTED, STATE, _DeviceFault, _SharedRecorder
+    from kda_fuzz.campaign.supervisor import (
+        CALIBRATION,
+        CALLING,
+        FAULTED,
+        STATE,
+        _DeviceFault,
+        _SharedRecorder,
+    )
     from kda_fuzz.engine import oracle
     from kda_fuzz.families.kda.layouts import KdaLayout, build
 
@@ -177,7 +184,7 @@ def test_an_asynchronous_device_fault_is_the_targets_crash(monkeypatch) -> None:
     with pytest.raises(RuntimeError, match="illegal memory access"):
         oracle.run_case(faulting, case, target)  # not swallowed as an unreadable output
 
-    record = mp.get_context("spawn").RawArray("d", 6)
+    record = mp.get_context("spawn").RawArray("d", CALIBRATION)  # the flight record's fields
     rec = _SharedRecorder(record, lambda pos: None, "cuda")
     synced: list[bool] = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: synced.append(True))

@@ -32,6 +32,7 @@ from kda_fuzz.engine.oracle import (
     graph_replay,
     run_case,
     run_peers,
+    under_configs,
 )
 from kda_fuzz.engine.targets import (
     Target,
@@ -41,7 +42,8 @@ from kda_fuzz.engine.targets import (
     load_target,
 )
 from kda_fuzz.engine.verdict import Verdict
-from kda_fuzz.execution import compiles
+from kda_fuzz.execution import compiles, configs
+from kda_fuzz.execution.variants import CONFIG_SPACE, Variant
 
 # Loading targets lives in kda_fuzz.engine.targets; the names stay importable from here.
 __all__ = ["Arm", "Campaign", "CampaignOptions", "Failure", "Recorder", "Report", "Target",
@@ -75,6 +77,41 @@ class Failure:
 
 WORDING_SAMPLES = 5
 CAUSES = 5  # distinct causes of examples not executable, kept with their counts
+VARIANTS = 200  # distinct variants kept per target; later ones are counted together
+MORE_VARIANTS = "(other variants)"
+
+
+@dataclass
+class VariantSeen:
+    """One compiled variant a target ran (``Outcome.variants``, see
+    :mod:`kda_fuzz.execution.variants`): in how many examples, and the smallest layout
+    (in bytes of its buffers) that reached it."""
+
+    kernel: str
+    detail: str = ""
+    space: int = 0  # Variant.space: the variants its kernel declares (-1: a config space)
+    count: int = 0
+    layout: str = ""
+    size: int = 0
+
+    def merge(self, other: VariantSeen) -> None:
+        self.count += other.count
+        if other.layout and (not self.layout or other.size < self.size):
+            self.layout, self.size = other.layout, other.size
+
+
+def _room(seen: dict[str, VariantSeen], label: str, new: VariantSeen) -> VariantSeen:
+    """The record a new variant is counted in: its own, or past ``VARIANTS`` distinct
+    ones (a kernel specialising on every shape) the one of the others together."""
+    if len(seen) < VARIANTS or label == MORE_VARIANTS:
+        return seen.setdefault(label, new)
+    return seen.setdefault(MORE_VARIANTS, VariantSeen(
+        "*", f"the variants past the first {VARIANTS} of this target, counted together"))
+
+
+def case_bytes(case: Case) -> int:
+    """The bytes a case's views reach (what makes one layout smaller than another)."""
+    return sum(t.footprint() * t.base.element_size() for t in case.tensors.values())
 
 
 @dataclass
@@ -141,12 +178,20 @@ class Report:
     mode_seconds: Counter = field(default_factory=Counter)
     # examples of the pinned layouts' arms, by "stratum:NAME" ("valid:qwen", "scale:qwen")
     pinned: Counter = field(default_factory=Counter)
+    # variant coverage: target -> variant label -> what ran it (kda_fuzz.execution.variants)
+    variants: dict[str, dict[str, VariantSeen]] = field(default_factory=dict)
+    # CampaignOptions.kernel_configs: valid examples also run under other kernel configs,
+    # the runs judged, and the configs skipped (they do not compile or run here) by cause
+    config_checks: int = 0
+    config_runs: int = 0
+    config_skips: Counter = field(default_factory=Counter)
 
     COUNTERS = ("examples", "rows", "live_rows", "tail_rows", "valid_cases", "broken_cases",
                 "skipped", "seeds", "batch_checks", "graph_checks", "sanitize_sampled",
                 "sanitized", "sanitize_failed", "sanitize_seconds", "compiles",
                 "compiling_seconds",
-                "startup_seconds", "unexecutable", "unexecutable_valid")
+                "startup_seconds", "unexecutable", "unexecutable_valid", "config_checks",
+                "config_runs")
 
     def record(self, outcome: Outcome, case: Case, stratum: str = "valid") -> None:
         """Count one judged example (its first target's outcome) of ``stratum``; the rows
@@ -179,6 +224,51 @@ class Report:
             if len(self.wording_samples) < WORDING_SAMPLES:
                 self.wording_samples.append(outcome.wording)
 
+    def ran(self, target: str, launched: Sequence[Variant], case: Case,
+            layout: Callable[[Case], str]) -> None:
+        """Count the variants one example's call of ``target`` launched (``layout``: the
+        one-line summary of a case, made only for a variant's smallest case so far)."""
+        if not launched:
+            return
+        seen = self.variants.setdefault(target, {})
+        size = case_bytes(case)
+        for v in launched:
+            rec = seen.get(v.label)
+            if rec is None:
+                rec = _room(seen, v.label, VariantSeen(v.kernel, v.detail, v.space))
+            rec.count += 1
+            if not rec.layout or size < rec.size:
+                rec.layout, rec.size = layout(case), size
+
+    def unrun_variants(self) -> list[str]:
+        """Where the variants that ran show others that did not: an autotuner's configs
+        not chosen, a config space of which only the kernel's own config ran."""
+        out = []
+        for target, seen in sorted(self.variants.items()):
+            kernels: dict[tuple[str, int], int] = {}
+            for rec in seen.values():
+                if rec.space > 1 or rec.space == CONFIG_SPACE:
+                    kernels[(rec.kernel, rec.space)] = kernels.get((rec.kernel, rec.space), 0) + 1
+            for (kernel, space), n in sorted(kernels.items()):
+                if space > n:
+                    out.append(f"{target}: {kernel} declares {space} autotune configs, "
+                               f"{n} ran (chosen by its autotuner; on cpu the first)")
+                elif space == CONFIG_SPACE and not self.config_runs:
+                    out.append(f"{target}: {kernel} has a config space; only its own config "
+                               f"ran ({n} variant(s)): {configs.OPTION} N runs N others")
+        return out
+
+    def variants_json(self) -> dict[str, Any]:
+        """Per target: each variant that ran (most examples first) with the smallest layout
+        that reached it."""
+        return {target: [{"id": label, "kernel": r.kernel, "examples": r.count,
+                          "layout": r.layout, "layout_bytes": r.size, "detail": r.detail,
+                          **({"declared": r.space} if r.space > 1 else {}),
+                          **({"config_space": True} if r.space == CONFIG_SPACE else {})}
+                         for label, r in sorted(seen.items(), key=lambda kv: (-kv[1].count,
+                                                                              kv[0]))]
+                for target, seen in sorted(self.variants.items())}
+
     def not_executable(self, exp_ok: bool, cause: str) -> None:
         """Count an example the execution machinery could not run (not a verdict)."""
         self.unexecutable += 1
@@ -203,7 +293,9 @@ class Report:
                    stratum_rows=dict(self.stratum_rows), scale_largest=dict(self.scale_largest),
                    unexecutable_causes=dict(self.unexecutable_causes),
                    shifted=dict(self.shifted), mode_seconds=dict(self.mode_seconds),
-                   pinned=dict(self.pinned))
+                   pinned=dict(self.pinned), config_skips=dict(self.config_skips),
+                   variants={t: {k: vars(r).copy() for k, r in seen.items()}
+                             for t, seen in self.variants.items()})
         return out
 
     def add_counters(self, c: dict[str, Any]) -> None:
@@ -221,6 +313,19 @@ class Report:
         self.shifted.update(c.get("shifted", {}))
         self.mode_seconds.update(c.get("mode_seconds", {}))
         self.pinned.update(c.get("pinned", {}))
+        for cause, n in c.get("config_skips", {}).items():
+            if cause in self.config_skips or len(self.config_skips) < CAUSES:
+                self.config_skips[cause] += n
+        for target, seen in c.get("variants", {}).items():
+            mine = self.variants.setdefault(target, {})
+            for label, rec in seen.items():
+                other = VariantSeen(**rec)
+                if label in mine:
+                    mine[label].merge(other)
+                else:
+                    kept = _room(mine, label, VariantSeen(other.kernel, other.detail,
+                                                          other.space))
+                    kept.merge(other)
         room = WORDING_SAMPLES - len(self.wording_samples)
         self.wording_samples.extend(c["wording_samples"][:max(0, room)])
 
@@ -268,6 +373,11 @@ class Report:
             "sanitizer": {"sampled": self.sanitize_sampled, "sanitized": self.sanitized,
                           "failed": self.sanitize_failed,
                           "seconds": round(self.sanitize_seconds, 3)},
+            "variants": self.variants_json(),
+            "unrun_variants": self.unrun_variants(),
+            "kernel_configs": {"examples": self.config_checks, "runs": self.config_runs,
+                               "skipped": sum(self.config_skips.values()),
+                               "skip_causes": dict(self.config_skips)},
             "failures": len(self.failures),
             "failure_details": [
                 {"target": f.target, **f.verdict.to_json(), "count": f.count,
@@ -529,6 +639,9 @@ class CampaignOptions:
     # ``sanitize`` tool (memcheck, racecheck, initcheck) in the background
     sanitize: str | None = None
     sanitize_every: int = 8
+    # passing valid examples also run under this many other configs of each configurable
+    # kernel their target launched (kda_fuzz.execution.configs), each judged as a case
+    kernel_configs: int = 0
 
 
 def campaign_plan(contract: Contract, variant: str, o: CampaignOptions) -> list[Arm]:
@@ -544,7 +657,13 @@ def campaign_plan(contract: Contract, variant: str, o: CampaignOptions) -> list[
 
 class Recorder:
     """Where a campaign says what it is doing, so that a supervisor can tell a target's
-    crash or hang from the fuzzer's own (the in-process default records nothing)."""
+    crash or hang from the fuzzer's own (the in-process default records nothing).
+
+    ``alternative``: 1 + the number of the other kernel configs the calls are made under
+    (``CampaignOptions.kernel_configs``), 0 under the kernels' own: a crash or hang there
+    is saved with it."""
+
+    alternative: int = 0
 
     def call(self, position: Position, target: int) -> contextlib.AbstractContextManager[Any]:
         """Wraps one target call."""
@@ -769,6 +888,12 @@ class Campaign:
             index, verdict = hard
             outcome = Outcome("fail", expectation(self.contract, case), verdict)
             self._count(outcome, case)
+            alt = verdict.extra.get("config_alternative")
+            if alt is not None:  # it died under other configs: the file re-runs them
+                saved = {"index": int(alt), "seed": self.options.seed or 0,
+                         "configs": {k: {} for k in self._configurable(self.targets[index])}}
+                case = replace(case, notes={**case.notes, configs.NOTE: saved})
+                verdict = under_configs(verdict, saved)
             self._failed(case.on("cpu"), verdict, self.targets[index], confirmed=True)
             self.steering.observe(self._stratum, case, fault=True)
             return
@@ -778,11 +903,14 @@ class Campaign:
         if self._deadline is not None and time.monotonic() > self._deadline:
             raise _Stopped
         first: Outcome | None = None
+        outcomes: list[Outcome] = []
         built = compiles.totals()
         try:
             for index, target in enumerate(self.targets):
                 outcome = self._judge(pos, index, case, target, budget=first is None)
                 first = first or outcome
+                outcomes.append(outcome)
+                self.report.ran(target.name, outcome.variants, case, self._layout)
                 if outcome.status == "fail":
                     assert outcome.verdict is not None
                     self._failed(case, outcome.verdict, target, pos=pos, index=index)
@@ -801,6 +929,9 @@ class Campaign:
         if first.status == "pass" and self._graph_turn(pos, first):
             with self._timed("CUDA graphs"):
                 self._graph(pos, case)
+        if self.options.kernel_configs and first.expectation.ok and self._stratum != "scale":
+            with self._timed("other kernel configs"):
+                self._other_configs(pos, case, outcomes)
         if first.status == "pass" and self._sanitize_turn(pos, first, case):
             self._sanitizer_submit(case)
         self._sanitizer_collect()
@@ -926,6 +1057,49 @@ class Campaign:
             stopped=lambda: self.stop is not None and self.stop())
         self.report.sanitize_failed += lost
         self._sanitizer_collect(done)
+    def _layout(self, case: Case) -> str:
+        summarize = self.contract.summarize
+        return summarize(case) if summarize is not None else case.describe()
+
+    def _other_configs(self, pos: Position, case: Case, outcomes: list[Outcome]) -> None:
+        """Run a valid case that passed on a target again under ``kernel_configs`` other
+        configs of the configurable kernels it launched, each judged like any case; a
+        config that does not compile or run here is skipped (counted), not a verdict."""
+        counted = False
+        for index, target in enumerate(self.targets[:len(self.targets) - len(self.peers)]):
+            own = outcomes[index] if index < len(outcomes) else None
+            if own is None or own.status != "pass" or not any(
+                    v.space == CONFIG_SPACE for v in own.variants):
+                continue
+            if not counted:
+                self.report.config_checks += 1
+                counted = True
+            for i in range(self.options.kernel_configs):
+                self.recorder.alternative = i + 1
+                try:
+                    with configs.alternative(i, self.options.seed or 0) as alt:
+                        outcome = self._judge(pos, index, case, target)
+                finally:
+                    self.recorder.alternative = 0
+                if alt.exhausted:
+                    break  # no more configs for this layout
+                if alt.unavailable and outcome.status == "skip":
+                    self.report.config_skips[_cause(alt.unavailable)] += 1
+                    continue
+                if not alt.used:
+                    break  # it launched no configurable kernel this time
+                self.report.config_runs += 1
+                if outcome.status == "fail" and outcome.verdict is not None:
+                    saved = configs.note(alt)
+                    marked = replace(case, notes={**case.notes, configs.NOTE: saved})
+                    self._failed(marked, under_configs(outcome.verdict, saved), target,
+                                 pos=pos, index=index)
+                    return
+
+    def _configurable(self, target: Target) -> list[str]:
+        """The kernels with a config space the target was seen launching."""
+        return sorted({r.kernel for r in self.report.variants.get(target.name, {}).values()
+                       if r.space == CONFIG_SPACE})
 
     def _judge(self, pos: Position, index: int, case: Case, target: Target,
                budget: bool = False) -> Outcome:
@@ -1026,6 +1200,13 @@ class Campaign:
                         v.where, {**v.extra, "reproduced": same, "reruns": runs,
                                   "first_kind": v.kind})
         return Failure(failure.case, flaky, failure.target)
+
+
+def _cause(text: str) -> str:
+    """A skipped config's cause with its numbers masked (few distinct ones are kept)."""
+    from kda_fuzz.engine.verdict import masked
+
+    return masked(text)[:160]
 
 
 def load_seed(contract: Contract, path: str) -> Case:

@@ -91,8 +91,8 @@ STOP_GRACE = 3.0  # seconds a job may take to end its example after an interrupt
 # Flight record fields (one shared array of doubles per job): LIMIT, the seconds the call
 # in flight may take (0: the supervisor's timeout); from CALIBRATION on, the job's
 # kda_fuzz.campaign.timeouts store (kept across its restarts).
-STATE, ROUND, ARM, EXAMPLE, TARGET, SINCE, LIMIT = range(7)
-CALIBRATION = 7
+STATE, ROUND, ARM, EXAMPLE, TARGET, SINCE, LIMIT, CONFIGS = range(8)
+CALIBRATION = 8
 IDLE, CALLING, FAULTED, JUDGING = 0.0, 1.0, 2.0, 3.0  # JUDGING: after a call, before the next
 
 
@@ -188,6 +188,7 @@ class _SharedRecorder(Recorder):
             return
         r = self.record
         r[ROUND], r[ARM], r[EXAMPLE], r[TARGET] = (*position, target)
+        r[CONFIGS] = self.alternative  # (other kernel configs: runner._other_configs)
         cal, case = self.calibration, self._case
         if cal is not None and case is not None:
             r[LIMIT] = cal.limit(target, case, compiling=compiles.totals().count > 0
@@ -662,8 +663,11 @@ class Supervisor:
         if relax is not None:
             relaxed[relax[0]] = relax[1]
         else:
+            extra = dict(extra or {})
+            if r[CONFIGS] > 0:  # the call ran under other kernel configs (Recorder.alternative)
+                extra["config_alternative"] = int(r[CONFIGS]) - 1
             hard[pos] = (target, Verdict(kind, what, detail,  # type: ignore[arg-type]
-                                         extra=dict(extra or {})))
+                                         extra=extra))
         s.restarts += 1
         self.restarts += 1
         seen = frozenset(self._kept)

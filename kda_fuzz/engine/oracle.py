@@ -12,7 +12,9 @@ import torch
 
 from kda_fuzz.engine.case import Case, TensorArg
 from kda_fuzz.engine.contract import Contract, Expectation, Unjudgeable
-from kda_fuzz.engine.verdict import Verdict
+from kda_fuzz.engine.verdict import RAISED, Verdict, raised_by
+from kda_fuzz.execution import configs, variants
+from kda_fuzz.execution.variants import Variant
 
 Status = Literal["pass", "fail", "gap", "skip"]
 Messages = Literal["exact", "class"]
@@ -34,6 +36,8 @@ class Outcome:
     cpu_seconds: float | None = None  # the calling thread's CPU time (isolated runs)
     rules_held: bool = False  # a skip (``Unjudgeable``) after every rule but the numbers held
     facts: dict[str, Any] | None = None  # what the judge learned (``Contract.judge_facts``)
+    # the compiled variants the target's call launched (kda_fuzz.execution.variants)
+    variants: tuple[Variant, ...] = ()
 
 
 OUT_OF_MEMORY = "not judged: out of device memory"
@@ -168,13 +172,22 @@ def run_case(contract: Contract, case: Case, target: Callable[..., Any], *,
         return Outcome("skip", exp, note=OUT_OF_MEMORY)
     error: BaseException | None = None
     result: Any = None
-    with (guard or contextlib.nullcontext)():
+    saved = case.notes.get(configs.NOTE) if exp.ok else None  # a finding under other configs
+    with (guard or contextlib.nullcontext)(), variants.recording() as ran, \
+            (configs.pinned(saved) if saved else contextlib.nullcontext()):
+        alt = configs.active()
         try:
             result = target(*call_args(contract, kwargs))
         except Exception as e:  # the oracle judges every exception type
             error = e
+    launched = tuple(sorted(ran, key=lambda v: v.label))
     if isinstance(error, torch.OutOfMemoryError):  # the device is full: not a verdict
         return Outcome("skip", exp, note=f"{OUT_OF_MEMORY} (in the target)")
+    if error is not None and alt is not None:  # under other configs than the kernels' own
+        why = configs.unavailable(error) or _environment_cause(error, case, contract)
+        if why is not None:
+            alt.unavailable = alt.unavailable or why
+            return Outcome("skip", exp, note=f"not judged: {why}", variants=launched)
     if error is not None and not isinstance(error, contract.exception):
         cause = _environment_cause(error, case, contract)
         if cause is not None:
@@ -220,7 +233,23 @@ def run_case(contract: Contract, case: Case, target: Callable[..., Any], *,
         return batch_variance(contract, case, target, kwargs=kwargs)  # a saved finding
     if v is None and case.notes.get("graph"):  # a saved finding of the CUDA-graph mode
         return graph_replay(contract, case, target)
-    return Outcome("fail" if v else "pass", exp, v, budget=used or None, facts=facts or None)
+    if v is not None and saved:
+        v = under_configs(v, saved)
+    return Outcome("fail" if v else "pass", exp, v, budget=used or None, facts=facts or None,
+                   variants=launched)
+
+
+def under_configs(verdict: Verdict, saved: dict[str, Any]) -> Verdict:
+    """``verdict`` of a call made under other configs of its kernels than their own
+    (``configs.note``): their tag joins its signature, the configs its detail."""
+    if verdict.extra.get("config"):
+        return verdict
+    extra = {**verdict.extra, "config": configs.tag(saved)}
+    if verdict.kind == "contract" and verdict.what in RAISED:  # known by what it raised
+        extra["exception"], extra["got"] = raised_by(verdict)
+    return replace(verdict, extra=extra,
+                   detail=f"under other kernel configs ({configs.describe(saved)}): "
+                          + verdict.detail)
 
 
 def batch_variance(contract: Contract, case: Case, target: Callable[..., Any], *,

@@ -24,7 +24,7 @@ _RAISED_DETAIL = re.compile(r"raised (?:on a layout the contract accepts: )?"
                            r"([A-Za-z_][\w.]*)(?:: (.*))?", re.S)
 
 
-def _raised(v: Verdict) -> tuple[str, str]:
+def raised_by(v: Verdict) -> tuple[str, str]:
     """The exception type and message a contract verdict says the target raised (from
     ``extra``, or from the detail of files written before it was recorded there)."""
     exc, got = v.extra.get("exception"), v.extra.get("got")
@@ -73,6 +73,9 @@ class Verdict:
 
     def behaviour(self) -> tuple[Any, ...]:
         """What the target did (see :meth:`signature`)."""
+        if self.extra.get("config"):  # under other kernel configs (execution.configs.tag)
+            inner = replace(self, extra={k: v for k, v in self.extra.items() if k != "config"})
+            return ("config", str(self.extra["config"]), *inner.behaviour())
         if self.extra.get("graph") and self.what.startswith("graph-"):  # under graph replay
             eager = replace(self, what=self.what[len("graph-"):],
                             extra={k: v for k, v in self.extra.items() if k != "graph"})
@@ -82,7 +85,7 @@ class Verdict:
                             self.check, self.message, self.output, extra=self.extra)
             return ("flaky", *inner.behaviour())
         if self.kind == "contract" and self.what in RAISED:
-            exc, got = _raised(self)
+            exc, got = raised_by(self)
             return ("contract", "raised", exc, masked(got))
         if self.kind == "mismatch" and self.what.endswith("-value") \
                 and not self.what.startswith("peers-"):

@@ -72,7 +72,7 @@ from typing import Any, Literal, cast
 import numpy as np
 import torch
 
-from kda_fuzz.execution import compiles
+from kda_fuzz.execution import compiles, configs, variants
 from kda_fuzz.execution.patching import wrap_once
 
 CpuMode = Literal["triton", "eager"]
@@ -155,6 +155,7 @@ def _interpreted_fn(kernel: Any) -> Any:
 
 def _run_interpreted(kernel: Any, grid: Any, args: Sequence[Any], meta: dict[str, Any]) -> Any:
     compiles.note_interpreted()
+    variants.interpreted(kernel, args, meta)
     meta = {k: v for k, v in meta.items() if k not in _GPU_LAUNCH_OPTIONS}
     with _interpreter_context(kernel):
         return _interpreted_fn(kernel).run(*args, grid=grid, warmup=False, **meta)
@@ -202,15 +203,20 @@ def _generated_triton_on_cpu(kernel: Any, args: Sequence[Any]) -> Any:
         kernel = _twin(kernel, RefMode.OFF)
     bound = kernel.bind(tuple(args))
     config = bound._implicit_config() or (kernel.configs[0] if kernel.configs else None)
-    compiled = bound.compile_config(config or bound.config_spec.default_config())
-    try:
-        with _interpreter_context():
-            return compiled(*args, _launcher=_interpreter_launcher)
-    except Exception as e:
-        cause = _generated_code_gap(e)
-        if cause is None:
-            raise
-        raise ExecutionEnvironmentError(cause) from e
+    config = configs.choose(bound, config or bound.config_spec.default_config(), args)
+    compiled = configs.compiled(bound, config)  # (--helion-configs: kda_fuzz.execution.configs)
+
+    def launch() -> Any:
+        try:
+            with _interpreter_context():
+                return compiled(*args, _launcher=_interpreter_launcher)
+        except Exception as e:
+            cause = _generated_code_gap(e)
+            if cause is None:
+                raise
+            raise ExecutionEnvironmentError(cause) from e
+
+    return configs.launched(launch, str(getattr(kernel, "name", "kernel")))
 
 
 def _generated_code_gap(exc: BaseException) -> str | None:
@@ -304,11 +310,12 @@ def _hook_autotuner(module: Any) -> None:
         def hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
             if len(self.configs) <= 1 or not _on_cpu((*args, *kwargs.values())):
                 return run(self, *args, **kwargs)
-            configs, self.configs = self.configs, self.configs[:1]
+            declared, self.configs = self.configs, self.configs[:1]
+            self._kda_fuzz_configs = declared  # what it declares (variant coverage)
             try:
                 return run(self, *args, **kwargs)
             finally:
-                self.configs = configs
+                self.configs = declared
         return hooked
 
     wrap_once(module.Autotuner, "run", on_run)
@@ -343,6 +350,7 @@ class _HookOnImport(importlib.abc.MetaPathFinder):
             def exec_and_hook(module: Any) -> None:
                 exec_module(module)
                 _HOOKS[fullname](module)
+                variants.install()  # (variant coverage: the same modules' launches)
 
             spec.loader.exec_module = exec_and_hook
         return spec
@@ -354,6 +362,7 @@ def _install_hooks() -> None:
     for name, hook in _HOOKS.items():
         if name in sys.modules:
             hook(sys.modules[name])
+    variants.install()
     if not any(isinstance(f, _HookOnImport) for f in sys.meta_path):
         sys.meta_path.insert(0, _HookOnImport())
 

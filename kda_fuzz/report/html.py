@@ -182,6 +182,34 @@ def _gaps(report: Any) -> str:
             "</table>")
 
 
+def _variants(report: Any) -> str:
+    seen = getattr(report, "variants", None) or {}
+    if not seen:
+        return ("<p>No compiled variant was seen (a target of plain torch code, an eager "
+                "mode, or no valid case ran).</p>")
+    parts = []
+    for target, by_label in sorted(seen.items()):
+        rows = "".join(
+            f"<tr><td><code>{_e(label)}</code></td><td class='num'>{r.count}</td>"
+            f"<td>{_e(r.layout)}</td><td><code>{_e(r.detail)}</code></td></tr>"
+            for label, r in sorted(by_label.items(), key=lambda kv: (-kv[1].count, kv[0])))
+        parts.append(f"<h3>{_e(target)}</h3><table><tr><th>variant</th><th>examples</th>"
+                     f"<th>smallest layout that reached it</th><th>detail</th></tr>{rows}"
+                     "</table>")
+    unrun = report.unrun_variants() if hasattr(report, "unrun_variants") else []
+    if unrun:
+        parts.append("<p class='warn'>Not run: " + "<br>".join(_e(u) for u in unrun) + "</p>")
+    runs = getattr(report, "config_runs", 0)
+    skips = getattr(report, "config_skips", {}) or {}
+    if runs or skips:
+        causes = "".join(f"<li>{n} x {_e(c)}</li>" for c, n in sorted(
+            skips.items(), key=lambda kv: -kv[1]))
+        parts.append(f"<p>Other kernel configs: {getattr(report, 'config_checks', 0)} valid "
+                     f"case(s), {runs} run(s) judged, {sum(skips.values())} skipped (they do "
+                     f"not compile or run here)</p>" + (f"<ul>{causes}</ul>" if causes else ""))
+    return "".join(parts)
+
+
 def _budgets(history: Sequence[dict[str, Any]]) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {}
     for rec in history:
@@ -310,6 +338,7 @@ def render_report(report: Any, history: Sequence[dict[str, Any]] | None = None) 
         ("failures", "Failures", _failures(report)),
         ("checks", "Checks hit", _checks(report)),
         ("gaps", "Validation gaps", _gaps(report)),
+        ("variants", "Kernel variants", _variants(report)),
         ("budget", "Error budget", _budget(history)),
         ("throughput", "Throughput and compile time", _throughput(report, history)),
     ]

@@ -189,6 +189,8 @@ def print_summary(report: Any, file: Any = None) -> None:
                       f"{sum(wording.values())} case(s)")
         for check, expected, got in report.wording_samples:
             console.print(escape(f"  - check {check}: expected {expected!r}, got {got!r}"))
+    for line in variant_lines(report):
+        console.print(escape(line))
     if report.validation_gaps:
         console.print("[bold yellow]Validation gaps[/] (broken layouts the contract accepts; "
                       "findings about the contract, not target failures):")
@@ -211,6 +213,30 @@ def print_summary(report: Any, file: Any = None) -> None:
         if f.saved:
             console.print(f"  saved: {escape(f.saved)}")
             console.print(escape(f"  reproduce: {reproduce(f, report.variant)}"))
+
+
+VARIANTS_SHOWN = 6  # per target in the terminal summary (--json and --report list all)
+
+
+def variant_lines(report: Any, shown: int = VARIANTS_SHOWN) -> list[str]:
+    """Variant coverage: per target, the compiled variants it ran (most examples first),
+    each with the smallest layout that reached it, then the variants the ones that ran
+    show exist but did not run."""
+    seen = getattr(report, "variants", None) or {}
+    lines = []
+    for target, by_label in sorted(seen.items()):
+        kernels = sorted({r.kernel for r in by_label.values() if r.kernel != "*"})
+        lines.append(f"Variants of {target}: {len(by_label)} ran, of {len(kernels)} "
+                     f"kernel(s) ({', '.join(kernels)})")
+        ranked = sorted(by_label.items(), key=lambda kv: (-kv[1].count, kv[0]))
+        for label, r in ranked[:shown]:
+            lines.append(f"  - {label}: {r.count} example(s); smallest: {r.layout}")
+        if len(ranked) > shown:
+            lines.append(f"  ... and {len(ranked) - shown} more (--json or --report lists "
+                         "them all)")
+    unrun = report.unrun_variants() if hasattr(report, "unrun_variants") else []
+    lines += [f"Variants not run: {u}" for u in unrun]
+    return lines
 
 
 def found_after(failure: Any) -> str:

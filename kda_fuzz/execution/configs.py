@@ -1,0 +1,323 @@
+"""Running kernels under other configs of their config space (``--helion-configs N``).
+
+While :func:`alternative` ``(i, seed)`` is active, each Helion kernel launched runs config
+number ``i`` of a deterministic list of other valid configs of its bound kernel (drawn by
+Helion's own random config generator, the one its autotuner starts from, under a seed
+made of ``seed``, the kernel's name and the shapes, dtypes and strides of the call:
+``module-level random`` is seeded for the draw and restored after). The configs each kernel
+ran are recorded (``Alternative.used``): a finding under them is saved with them
+(:func:`note`), and :func:`pinned` runs a saved note's configs again, by kernel name
+(a replay, the minimizer, the campaign's confirmation runs).
+
+A config that Helion cannot generate code for, Triton cannot compile (or launch for lack
+of resources), or the CPU interpreter cannot run, raises :class:`ConfigUnavailable`:
+not a verdict (the oracle counts it as not judged, the campaign as a skipped config).
+
+Where: on CPU :mod:`kda_fuzz.execution.cpu` asks :func:`choose` and :func:`compiled` for
+the config of every Helion launch it makes; on a GPU ``Kernel.__call__`` and
+``BoundKernel.__call__`` are wrapped, from the first :func:`alternative` or
+:func:`pinned` on (a campaign without ``--helion-configs`` never installs them). Nothing
+here is imported before helion is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+import random
+import sys
+import zlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kda_fuzz.execution.patching import wrap_once
+
+NOTE = "kernel_configs"  # the key of Case.notes under which a finding's configs are saved
+OPTION = "--helion-configs"  # the command line's name for it (the summary names it)
+DRAWS = 8  # random configs drawn per wanted alternative before giving up on more
+
+
+class ConfigUnavailable(Exception):
+    """A config the kernel cannot be compiled or run with here: not a verdict."""
+
+
+@dataclass
+class Alternative:
+    """The configs of one call under :func:`alternative` or :func:`pinned`."""
+
+    index: int | None = None  # the i-th alternative of each kernel (None: pinned)
+    seed: int = 0
+    pins: dict[str, dict[str, Any]] | None = None  # kernel name -> config values
+    used: dict[str, dict[str, Any]] = field(default_factory=dict)  # kernel -> values run
+    exhausted: bool = False  # a kernel has no alternative number ``index``
+    unavailable: str = ""  # why a config could not run (ConfigUnavailable)
+
+
+_active: contextvars.ContextVar[Alternative | None] = contextvars.ContextVar(
+    "kda_fuzz_configs", default=None)
+
+
+def active() -> Alternative | None:
+    """The alternative in force, if any."""
+    return _active.get()
+
+
+@contextlib.contextmanager
+def _using(alt: Alternative) -> Iterator[Alternative]:
+    install()
+    token = _active.set(alt)
+    try:
+        yield alt
+    finally:
+        _active.reset(token)
+
+
+def alternative(index: int, seed: int) -> contextlib.AbstractContextManager[Alternative]:
+    """Run each kernel launched inside under its alternative config number ``index``."""
+    return _using(Alternative(index=index, seed=seed))
+
+
+def pinned(saved: Mapping[str, Any]) -> contextlib.AbstractContextManager[Alternative]:
+    """Run the kernels named in a saved :func:`note` under the configs it records (others
+    under their own)."""
+    pins = {str(k): dict(v) for k, v in dict(saved.get("configs") or {}).items()}
+    return _using(Alternative(index=saved.get("index"), seed=int(saved.get("seed") or 0),
+                              pins=pins))
+
+
+def note(alt: Alternative) -> dict[str, Any]:
+    """What a corpus file records of the configs a call ran (``Case.notes[NOTE]``)."""
+    return {"index": alt.index, "seed": alt.seed, "configs": alt.used}
+
+
+def tag(saved: Mapping[str, Any]) -> str:
+    """The config part of a finding's signature: the kernels run under other configs (one
+    finding per behaviour and kernels, whichever of their configs showed it)."""
+    return "configs:" + ",".join(sorted(dict(saved.get("configs") or {})))
+
+
+def describe(saved: Mapping[str, Any]) -> str:
+    """``_decode: block_sizes=[2], num_warps=4, ...`` for each kernel of a saved note
+    (``alternative 2 of each kernel, seed 7`` for one that names no values: a crash's)."""
+    if not any(dict(saved.get("configs") or {}).values()):
+        return (f"alternative {saved.get('index')} of each kernel, seed {saved.get('seed')}: "
+                "drawn again on replay")
+    return "; ".join(f"{k}: " + ", ".join(f"{n}={v!r}" for n, v in sorted(dict(c).items()))
+                     for k, c in sorted(dict(saved.get("configs") or {}).items()))
+
+
+def unavailable(error: BaseException) -> str | None:
+    """The reason when ``error`` (or what it was raised from) is a config that could not
+    run (:class:`ConfigUnavailable`)."""
+    e: BaseException | None = error
+    seen: list[BaseException] = []
+    while e is not None and e not in seen:
+        if isinstance(e, ConfigUnavailable):
+            return str(e)
+        seen.append(e)
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(f"{type(e).__name__}: {e}".split())[:300]
+
+
+# --- Helion ------------------------------------------------------------------------------
+
+
+def _call_key(args: Sequence[Any]) -> str:
+    parts = []
+    for a in args:
+        if hasattr(a, "shape") and hasattr(a, "stride"):
+            parts.append(f"{a.dtype}{tuple(a.shape)}{tuple(a.stride())}")
+        else:
+            parts.append(type(a).__name__ if isinstance(a, float) else repr(a))
+    return "|".join(parts)
+
+
+_lists: dict[tuple[int, int, str], tuple[Any, list[Any]]] = {}
+
+
+def alternatives(bound: Any, default: Any, args: Sequence[Any], seed: int, n: int
+                 ) -> list[Any]:
+    """Up to ``n`` valid configs of ``bound``'s config space other than ``default``, the
+    same for the same kernel, call layout and seed (module ``random`` restored after). On
+    CPU tensors persistent configs are left out: Helion sizes their grid from the device's
+    SM count, which only a GPU has (they would all be skipped)."""
+    key = (id(bound), seed, _call_key(args))
+    known = _lists.get(key)
+    if known is not None and known[0] is bound and len(known[1]) >= n:
+        return known[1][:n]
+    from helion.autotuner.config_generation import ConfigGeneration
+
+    name = str(getattr(bound.kernel, "name", "kernel"))
+    generation = ConfigGeneration(bound.config_spec)
+    seen = {repr(sorted(dict(getattr(default, "config", default) or {}).items()))}
+    cpu = _on_cpu(args)
+    found: list[Any] = []
+    state = random.getstate()
+    random.seed(zlib.crc32(f"{seed}:{name}:{key[2]}".encode()))
+    try:
+        for _ in range(DRAWS * max(1, n)):
+            try:
+                config = generation.random_config()
+            except Exception:  # helion.exc.InvalidConfig: no valid draw this time
+                continue
+            text = repr(sorted(config.config.items()))
+            if cpu and str(config.config.get("pid_type", "")).startswith("persistent"):
+                continue  # (it asks the device's SM count: no CPU has one)
+            if text not in seen:
+                seen.add(text)
+                found.append(config)
+                if len(found) >= n:
+                    break
+    finally:
+        random.setstate(state)
+    _lists[key] = (bound, found)
+    return found
+
+
+def choose(bound: Any, default: Any, args: Sequence[Any]) -> Any:
+    """The config ``bound`` runs with now: ``default``, or the active alternative's (raises
+    :class:`ConfigUnavailable` when the kernel has no such alternative)."""
+    alt = _active.get()
+    if alt is None:
+        return default
+    name = str(getattr(bound.kernel, "name", "kernel"))
+    values = (alt.pins or {}).get(name)
+    if values:
+        import helion
+
+        config = helion.Config(**values)
+    elif alt.index is None or (alt.pins and name not in alt.pins):
+        return default  # a saved call's other kernel, run under its own config
+    else:  # alternative number ``index`` (a saved crash or hang names only that)
+        assert alt.index is not None
+        options = alternatives(bound, default, args, alt.seed, alt.index + 1)
+        if len(options) <= alt.index:
+            alt.exhausted = True
+            raise ConfigUnavailable(f"{name} has {len(options)} other config(s) here")
+        config = options[alt.index]
+    alt.used[name] = {k: _plain(v) for k, v in dict(config.config).items()}
+    return config
+
+
+def _plain(value: Any) -> Any:
+    """A config value as JSON holds it (lists for tuples)."""
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _package_dir(name: str) -> str | None:
+    path = getattr(sys.modules.get(name), "__file__", None)
+    return os.path.dirname(os.path.abspath(path)) + os.sep if path else None
+
+
+def _raised_in(error: BaseException, packages: Sequence[str]) -> bool:
+    """Whether the innermost frame of ``error``'s traceback is in one of ``packages``."""
+    tb = error.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    file = os.path.abspath(tb.tb_frame.f_code.co_filename)
+    return any(d is not None and file.startswith(d) for d in map(_package_dir, packages))
+
+
+def _config_error(error: BaseException) -> bool:
+    """A failure of compiling or launching a config (not of the kernel's own logic): raised
+    inside Helion (its code generation, its runtime helpers: on CPU a persistent config asks
+    for the device's SM count) or Triton (its compiler, its resource check, its interpreter),
+    or by the CPU execution machinery (code the interpreter cannot run). A kernel's wrong
+    numbers, and its own exceptions, are not."""
+    e: BaseException | None = error
+    seen: list[BaseException] = []
+    while e is not None and e not in seen:
+        if type(e).__name__ in ("CompilationError", "OutOfResources", "PTXASError",
+                                "ExecutionEnvironmentError") \
+                or (type(e).__module__ or "").startswith(("helion", "triton")) \
+                or _raised_in(e, ("helion", "triton")):
+            return True
+        seen.append(e)
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def compiled(bound: Any, config: Any) -> Any:
+    """``bound.compile_config(config)``; under an alternative, a config that does not
+    generate or compile raises :class:`ConfigUnavailable`."""
+    alt = _active.get()
+    if alt is None:
+        return bound.compile_config(config)
+    try:
+        return bound.compile_config(config)
+    except Exception as e:
+        alt.unavailable = f"{bound.kernel.name}: the config does not compile: {_one_line(e)}"
+        raise ConfigUnavailable(alt.unavailable) from e
+
+
+def launched(call: Callable[[], Any], name: str) -> Any:
+    """Run a launch of a config chosen here; under an alternative, a failure to compile or
+    launch the config (see :func:`_config_error`) raises :class:`ConfigUnavailable`."""
+    alt = _active.get()
+    if alt is None:
+        return call()
+    try:
+        return call()
+    except Exception as e:
+        if not _config_error(e):
+            raise
+        alt.unavailable = f"{name}: the config does not run here: {_one_line(e)}"
+        raise ConfigUnavailable(alt.unavailable) from e
+
+
+def _on_cpu(values: Sequence[Any]) -> bool:
+    return any(getattr(getattr(v, "device", None), "type", None) == "cpu" for v in values)
+
+
+def _run(bound: Any, args: Sequence[Any]) -> Any:
+    """A launch of ``bound`` on ``args`` under the active alternative (on a GPU)."""
+    default = getattr(bound, "_config", None) or bound._implicit_config()
+    if default is None:
+        bound.ensure_config_exists(args)  # autotunes where the kernel would
+        default = bound._config
+    config = choose(bound, default, args)
+    fn = compiled(bound, config)
+    return launched(lambda: fn(*args), str(bound.kernel.name))
+
+
+def _hook_helion(module: Any) -> None:
+    def on_kernel(kernel_call: Any) -> Any:
+        def configured(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if _active.get() is None or _on_cpu((*args, *kwargs.values())):
+                return kernel_call(self, *args, **kwargs)  # (CPU: see kda_fuzz.execution.cpu)
+            if kwargs:
+                args = self.normalize_args(*args, **kwargs)
+            return _run(self.bind(args), args)
+        return configured
+
+    def on_bound(bound_call: Any) -> Any:
+        def configured(self: Any, *args: Any) -> Any:
+            if _active.get() is None or _on_cpu(args):
+                return bound_call(self, *args)
+            return _run(self, args)
+        return configured
+
+    wrap_once(module.Kernel, "__call__", on_kernel)
+    wrap_once(module.BoundKernel, "__call__", on_bound)
+
+
+def install() -> None:
+    """Wrap Helion's launches (when helion is imported; a no-op once done)."""
+    helion = sys.modules.get("helion.runtime.kernel")
+    if helion is not None and hasattr(helion, "BoundKernel"):
+        _hook_helion(helion)
+
+
+__all__ = ["NOTE", "OPTION", "Alternative", "ConfigUnavailable", "active", "alternative",
+           "alternatives", "choose", "compiled", "describe", "install", "launched", "note",
+           "pinned", "tag", "unavailable"]
