@@ -21,7 +21,7 @@ from kda_fuzz.campaign.channel import ExitReason, Stop
 from kda_fuzz.campaign.interleave import arm_before, cycle_of, in_turn_order, schedule
 from kda_fuzz.campaign.shard import NOMINAL_SCALE_BUDGET, Shard, describe, shard_arms
 from kda_fuzz.campaign.steering import Steering, describe_feature
-from kda_fuzz.engine.case import Case, fingerprint
+from kda_fuzz.engine.case import Case, Judging, fingerprint
 from kda_fuzz.engine.contract import Contract
 from kda_fuzz.engine.oracle import (
     EnvironmentFailure,
@@ -828,7 +828,7 @@ class Campaign:
                 v = batch_variance(self.contract, case, target.fn,
                                    guard=lambda i=index: self.recorder.call(pos, i))
             if v.status == "fail" and v.verdict is not None:
-                marked = replace(case, notes={**case.notes, "invariance": "bitwise"})
+                marked = Judging(invariance="bitwise").mark(case)
                 self._failed(marked, v.verdict, target, pos=pos, index=index)
                 return
 
@@ -847,7 +847,7 @@ class Campaign:
             with self.recorder.settle(), self.recorder.call(pos, index):
                 outcome = graph_replay(self.contract, case, target.fn)
             if outcome.status == "fail" and outcome.verdict is not None:
-                marked = replace(case, notes={**case.notes, "graph": True})
+                marked = Judging(graph=True).mark(case)
                 self._failed(marked, outcome.verdict, target, pos=pos, index=index)
                 return
 
@@ -954,10 +954,10 @@ class Campaign:
             return
         if any(t.device.type == "cuda" for t in failure.case.tensors.values()):
             failure.case = failure.case.on("cpu")
-        policy = {**({"strict": True} if self.options.strict else {}),
-                  **({"messages": "class"} if self.options.messages == "class" else {})}
-        if policy:  # replay judges the saved case the way the campaign did
-            failure.case = replace(failure.case, notes={**failure.case.notes, **policy})
+        policy = Judging(strict=self.options.strict,
+                         messages="class" if self.options.messages == "class" else None)
+        if policy.notes():  # replay judges the saved case the way the campaign did
+            failure.case = policy.mark(failure.case)
         failure.found_seconds = seconds
         failure.found_example = self._nth
         self.known[failure.signature] = failure
