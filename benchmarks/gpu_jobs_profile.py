@@ -40,9 +40,9 @@ def _job(i: int, n: int, args: argparse.Namespace, out: str, start: Any, census:
                 if args.flight else Recorder())
 
     def run(seconds: float, seed: int) -> Any:
-        options = CampaignOptions(device=args.device, max_examples=10**7, seed=seed,
-                                  valid_share=args.valid_share, max_seconds=seconds,
-                                  job=(i, n), **shaping(args.device, args.max_b))
+        options = CampaignOptions.of(device=args.device, max_examples=10**7, seed=seed,
+                                     valid_share=args.valid_share, max_seconds=seconds,
+                                     job=(i, n), **shaping(args.device, args.max_b))
         return Campaign(get_contract("kda"), args.contract, [target], options=options,
                         recorder=recorder).run()
 
@@ -78,7 +78,7 @@ def _job(i: int, n: int, args: argparse.Namespace, out: str, start: Any, census:
             for site, k in sites.most_common(25):
                 f.write(f"{k / max(1, counted.examples):8.2f}/ex  {site}\n")
     with open(f"{out}/job{i}.txt", "w") as f:
-        f.write(f"{rep.examples} {rep.rows} {rep.seconds}\n")
+        f.write(f"{rep.examples} {rep.facts['rows']} {rep.seconds}\n")
 
 
 def main() -> None:

@@ -80,8 +80,8 @@ def run_naive(target: str, variant: str, seconds: float, seed: int) -> dict[str,
                    max_examples=10**7, seed=seed, valid_share=1.0, max_seconds=seconds,
                    **NAIVE)
     wall = time.perf_counter() - t0
-    return {"mode": "naive", "examples": rep.examples, "rows": rep.rows,
-            "live_rows": rep.live_rows, "wall": wall,
+    return {"mode": "naive", "examples": rep.examples, "rows": rep.facts["rows"],
+            "live_rows": rep.facts["live_rows"], "wall": wall,
             "failures": len(rep.failures), **meter.summary()}
 
 

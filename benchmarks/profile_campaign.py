@@ -20,11 +20,9 @@ from kda_fuzz.families import get_contract
 def shaping(device: str, max_b: int | None = None) -> dict[str, Any]:
     """Valid-layout sizes of the project's kernels as the CLI sets them (no scale stratum):
     families and batch buckets on cuda, the interpreted kernels' small layouts on cpu."""
-    sz = get_contract("kda").sizing
-    if device.startswith("cuda"):
-        return dict(families=8, bucket=True, max_b=max_b or sz.cuda_max_b, budget=sz.cuda_budget)
-    return dict(budget=sz.interpreted_budget, max_b=sz.interpreted_max_b,
-                max_bhv=sz.interpreted_max_bhv)
+    cuda = device.startswith("cuda")
+    sizes = get_contract("kda").knobs.resolve({"max_b": max_b if cuda else None}, device, False)
+    return {**({"families": 8} if cuda else {}), **sizes, "scale_share": 0.0}
 
 
 def kernel_table(prof: Any, examples: int, wall: float, top: int) -> None:
@@ -77,7 +75,7 @@ def main() -> None:
         rep = run(args.seconds)
         cprof.disable()
     print(f"warm-up {warm.examples} examples; profiled {rep.examples} examples in "
-          f"{rep.seconds:.1f} s ({rep.examples / rep.seconds:.1f}/s), {rep.rows} rows")
+          f"{rep.seconds:.1f} s ({rep.examples / rep.seconds:.1f}/s), {rep.facts['rows']} rows")
     if args.kernels:
         kernel_table(prof, rep.examples, rep.seconds, args.top)
     else:

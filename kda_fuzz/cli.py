@@ -131,7 +131,41 @@ def _device(g: argparse._ArgumentGroup) -> None:
                    help="device the cases run on (default: cpu)")
 
 
-def _fuzz_parser(sub: Any) -> None:
+def _family_knobs(given: Sequence[Any] | None = None) -> list[Any]:
+    """Each option the families declare (:class:`~kda_fuzz.engine.knobs.Knob`; one per
+    flag, the first declaration's): the built-in families', then the project's
+    ``family_options`` and the ``kda_fuzz.family_options`` entry points (``given``: these
+    ``Knobs`` instead). Imports no contract."""
+    from kda_fuzz.families import family_options
+
+    if given is None:
+        try:
+            extra = _config().family_options
+        except UsageError:  # a bad configuration: said by the command that reads it
+            extra = ()
+        try:
+            given = family_options(extra)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+    out: dict[str, Any] = {}
+    for knobs in given:
+        for k in knobs.options:
+            out.setdefault(k.flag, k)
+    return list(out.values())
+
+
+def _add_knobs(group: argparse._ArgumentGroup, knobs: Sequence[Any], name: str) -> None:
+    for k in knobs:
+        if k.group != name:
+            continue
+        if k.type is None:  # a switch
+            group.add_argument(k.flag, dest=k.dest, action="store_true", help=k.help)
+        else:
+            group.add_argument(k.flag, dest=k.dest, type=k.type, default=k.default,
+                               metavar=k.metavar, help=k.help)
+
+
+def _fuzz_parser(sub: Any, knobs: Sequence[Any] | None = None) -> None:
     f = sub.add_parser("fuzz", help="run a fuzz campaign against a target",
                        description="Run a fuzz campaign: valid layouts held to the reference,\n"
                                    "broken layouts held to the contract's checks.",
@@ -201,22 +235,10 @@ def _fuzz_parser(sub: Any) -> None:
                         "value (state=float16, "
                         "indices=int64, l2norm=False); repeatable; also from a target's "
                         "kda_fuzz_unsupported attribute and [tool.kda-fuzz.unsupported]")
-    z = f.add_argument_group("sizes")
-    z.add_argument("--budget", type=int, metavar="N", default=None,
-                   help="max B*HV*V*K elements per valid case (default: 2^18 on cpu, "
-                        "2^13 for the project's interpreted kernels, 2^24 on cuda)")
-    z.add_argument("--max-b", type=int, metavar="N", default=None,
-                   help="largest batch size (default: 256 on cpu, 64 for the project's "
-                        "interpreted kernels, 16384 on cuda)")
-    z.add_argument("--scale-share", type=float, metavar="X", default=None,
-                   help="share of examples in the GPU-scale stratum (B*HV past 65,535, "
-                        "state pools past 2^31 elements; default 0.03 on cuda, 0 on cpu); "
-                        "with --max-seconds it takes at most a tenth of the time, or its "
-                        "share if larger")
-    z.add_argument("--scale-budget", type=int, default=None, metavar="BYTES",
-                   help="device bytes per scale case (default: 0.8 of the device's free "
-                        "memory, split between the jobs)")
-    g = f.add_argument_group("GPU")
+    knobs = _family_knobs(knobs)
+    groups = {"sizes": f.add_argument_group("sizes")}  # the families' own options
+    _add_knobs(groups["sizes"], knobs, "sizes")
+    g = groups["GPU"] = f.add_argument_group("GPU")
     _device(g)
     g.add_argument("--compile-groups", dest="families", type=int, default=None, metavar="N",
                    help="spend valid examples in N groups of one fixed shape, dtype and "
@@ -224,8 +246,7 @@ def _fuzz_parser(sub: Any) -> None:
                         "cuda, 0 = every example drawn freely on cpu)")
     g.add_argument("--families", dest="families", type=int, action=_Deprecated,
                    new="--compile-groups", help=argparse.SUPPRESS)
-    g.add_argument("--no-bucket", action="store_true",
-                   help="do not round B up to powers of four with padding rows on cuda")
+    _add_knobs(g, knobs, "GPU")
     g.add_argument("--helion-configs", type=int, default=0, metavar="N",
                    help="also run each valid case that passes under N other valid configs of "
                         "each Helion kernel its target launches (drawn from the kernel's "
@@ -255,6 +276,10 @@ def _fuzz_parser(sub: Any) -> None:
                         "--jobs N, a crash or hang of a target ends the run (default: "
                         "isolated; a crash costs one restart of a job, and layouts like it "
                         "get less of the budget)")
+    for k in knobs:  # a group of a project's family's own
+        if k.group not in groups:
+            groups[k.group] = f.add_argument_group(k.group)
+            _add_knobs(groups[k.group], knobs, k.group)
     o = _output_group(f)
     o.add_argument("--corpus", default=None, metavar="DIR",
                    help="save each minimized failing case into DIR as soon as it is "
@@ -321,12 +346,13 @@ def _show_parser(sub: Any) -> None:
                         "against, else the configured one, else kda-fuzz's own kernel)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``kda-fuzz`` (imports nothing heavy)."""
+def build_parser(knobs: Sequence[Any] | None = None) -> argparse.ArgumentParser:
+    """The argument parser of ``kda-fuzz`` (imports nothing heavy); ``fuzz`` takes the
+    options the families declare (``knobs``: these ``Knobs`` instead)."""
     parser = argparse.ArgumentParser(prog="kda-fuzz", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    _fuzz_parser(sub)
+    _fuzz_parser(sub, knobs)
     _replay_parser(sub)
     _merge_parser(sub)
     _show_parser(sub)
@@ -368,10 +394,11 @@ def check_fuzz_args(args: argparse.Namespace) -> None:
         raise UsageError("--cuda-graphs needs --device cuda")
     if not 0 <= args.valid_share <= 1:
         raise UsageError("--valid-share must be between 0 and 1")
-    if args.scale_share is not None and not 0 <= args.scale_share <= 1:
-        raise UsageError("--scale-share must be between 0 and 1")
-    if args.scale_budget is not None and args.scale_budget <= 0:
-        raise UsageError("--scale-budget must be positive")
+    for knob in _family_knobs():  # the families' own options
+        value = getattr(args, knob.dest, None)
+        why = knob.check(value) if knob.check is not None and value is not None else None
+        if why:
+            raise UsageError(why)
     if args.timeout <= 0:
         raise UsageError("--timeout must be positive")
     if args.max_seconds is not None and args.max_seconds <= 0:
@@ -517,7 +544,7 @@ def _supervisor(args: argparse.Namespace, names: tuple[list[str], list[str]], jo
     from kda_fuzz.campaign.supervisor import Supervisor
 
     return Supervisor(args.family, args.contract, names[0], jobs, peers=names[1],
-                      timeout=args.timeout, options=CampaignOptions(**options),
+                      timeout=args.timeout, options=CampaignOptions.of(**options),
                       isolate=not args.no_isolate)
 
 
@@ -601,7 +628,7 @@ def _fuzz(args: argparse.Namespace, signals: Any = None) -> int:
                         *_calibrated(args, contract, targets, peers, options)]
         share = None
         if shard is not None:
-            share = share_of(contract, args.contract, CampaignOptions(**options), jobs)
+            share = share_of(contract, args.contract, CampaignOptions.of(**options), jobs)
         replay = None
         if db is not None:
             from kda_fuzz.campaign.exampledb import replay_stored
@@ -672,7 +699,8 @@ def _calibrated(args: argparse.Namespace, contract: Any, targets: list[Any], pee
     """Measure foreign targets on cpu and size the campaign's layouts to them (updating
     ``options``); the notes it adds to the summary."""
     notes = []
-    if not args.device.startswith("cuda") and not (args.budget or args.max_b) \
+    given = any(getattr(args, k.dest, None) for k in contract.knobs.options if k.calibrated)
+    if not args.device.startswith("cuda") and not given \
             and not _own_kernels(targets, contract, args.contract):
         from kda_fuzz.campaign.calibrate import apply, calibrate
 
@@ -944,27 +972,17 @@ def _own_kernels(targets: list[Any], contract: Any, variant: str) -> bool:
 
 
 def _shaping(args: argparse.Namespace, contract: Any = None) -> dict[str, Any]:
-    """Layout sizes: compile-aware defaults on cuda (families, bucketed batches), small
-    layouts for the interpreted default kernels on cpu (other targets on cpu are measured
-    first, see ``calibrate``); the numbers are the contract's ``sizing``."""
-    from kda_fuzz.engine.contract import Sizing
+    """The campaign's compile groups (8 on cuda) and the family's sizes, resolved once by
+    its ``Knobs.resolve`` from its options' values and the device (``contract`` None:
+    the family of ``args``, else the default one)."""
+    from kda_fuzz.families import knobs_of
 
-    sz = contract.sizing if contract is not None else Sizing()
+    knobs = (contract.knobs if contract is not None
+             else knobs_of(getattr(args, "family", None) or DEFAULT_FAMILY))
     cuda = args.device.startswith("cuda")
-    interpreted = not cuda and not args.target
-    out: dict[str, Any] = {
-        "families": args.families if args.families is not None else (8 if cuda else 0),
-        "bucket": cuda and not args.no_bucket,
-        "max_b": args.max_b or (sz.cuda_max_b if cuda else sz.interpreted_max_b if interpreted
-                                else None),
-        "budget": args.budget or (sz.cuda_budget if cuda else sz.interpreted_budget
-                                  if interpreted else None),
-        "max_bhv": sz.interpreted_max_bhv if interpreted and not args.budget else None,
-        "scale_share": (args.scale_share if getattr(args, "scale_share", None) is not None
-                        else 0.03 if cuda else 0.0),
-        "scale_budget": getattr(args, "scale_budget", None),
-    }
-    return out
+    values = {k.dest: getattr(args, k.dest, k.default) for k in knobs.options}
+    return {"families": args.families if args.families is not None else (8 if cuda else 0),
+            **knobs.resolve(values, args.device, bool(args.target))}
 
 
 def _jobs(args: argparse.Namespace) -> int:
@@ -1058,7 +1076,11 @@ def _project_families() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``kda-fuzz`` console script."""
-    parser = build_parser()
+    try:
+        parser = build_parser()
+    except UsageError as e:  # a project's family options that cannot be loaded
+        print(f"kda-fuzz: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
     # the console command counts --max-seconds from the process's start; a call from
     # Python (tests, scripts) from the call
     started = _process_started() if argv is None else time.monotonic()

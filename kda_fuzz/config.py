@@ -8,6 +8,9 @@
     example_db = "redis://ci-redis:6379/0"  # optional: shared example database (a URL or
                                         # a folder; see kda_fuzz/campaign/exampledb.py)
     families = ["mypkg.contract:CONTRACT"]  # optional: the project's own contract families
+    family_options = ["mypkg.knobs:KNOBS"]  # optional: their own `kda-fuzz fuzz` options
+                                        # (a kda_fuzz.engine.knobs.Knobs in a module
+                                        # that imports nothing heavy)
 
     [tool.kda-fuzz.layouts]             # optional: named pins for `kda-fuzz fuzz --layout NAME`
     served = {H = 16, HV = 32, K = 128, V = 128, state = "bfloat16"}
@@ -40,8 +43,8 @@ from kda_fuzz.engine.targets import SOURCES, TargetChoice, recorded_targets
 
 TABLE = "kda-fuzz"
 DEFAULT_CORPUS = ("corpus",)
-KEYS = ("corpus", "targets", "hypothesis_profile", "example_db", "families", "layouts",
-        "unsupported")
+KEYS = ("corpus", "targets", "hypothesis_profile", "example_db", "families",
+        "family_options", "layouts", "unsupported")
 
 
 class ConfigError(Exception):
@@ -82,6 +85,7 @@ class Config:
     hypothesis_profile: str | None = None
     example_db: str | None = None
     families: tuple[str, ...] = ()  # MODULE:ATTRIBUTE of the project's own Contracts
+    family_options: tuple[str, ...] = ()  # MODULE:ATTRIBUTE of their Knobs (light modules)
     layouts: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # named pins
     unsupported: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # per target
 
@@ -128,9 +132,12 @@ def parse(table: Mapping[str, Any], root: Path, path: Path | None = None) -> Con
         raise ConfigError(f"{where} example_db must be a non-empty string (a redis:// URL "
                           f"or a folder), got {example_db!r}")
     families = _strings(table.get("families", []), f"{where} families")
-    bad = [s for s in families if s.count(":") != 1 or s.startswith(":") or s.endswith(":")]
-    if bad:
-        raise ConfigError(f"{where} families: {bad[0]!r} is not of the form MODULE:ATTRIBUTE")
+    family_options = _strings(table.get("family_options", []), f"{where} family_options")
+    for key, specs in (("families", families), ("family_options", family_options)):
+        bad = [s for s in specs if s.count(":") != 1 or s.startswith(":") or s.endswith(":")]
+        if bad:
+            raise ConfigError(f"{where} {key}: {bad[0]!r} is not of the form "
+                              "MODULE:ATTRIBUTE")
     layouts = table.get("layouts", {})
     if not isinstance(layouts, dict) or not all(isinstance(v, dict) and v
                                                  for v in layouts.values()):
@@ -160,6 +167,7 @@ def parse(table: Mapping[str, Any], root: Path, path: Path | None = None) -> Con
             targets[family][variant] = specs
     return Config(root=root, path=path, present=True, corpus=corpus, targets=targets,
                   hypothesis_profile=profile, example_db=example_db, families=families,
+                  family_options=family_options,
                   layouts=layouts, unsupported=unsupported)
 
 

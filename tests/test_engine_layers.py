@@ -34,7 +34,11 @@ NEUTRAL = ("engine", "workers", "corpus", "campaign", "report")
 FAMILY_WORDS = re.compile(
     r"\b(mixed_qkv|initial_state|ssm_state_indices|A_log|dt_bias|lower_bound|"
     r"use_qk_l2norm_in_kernel|num_slots|slots?|HV|B\*HV|B·HV|packed|[Hh]elion|[Tt]riton|"
-    r"gdn|GDN|KDA|kda(?![-_]fuzz)|kda_decode|gdn_decode|_execution)\b")
+    r"gdn|GDN|KDA|kda(?![-_]fuzz)|kda_decode|gdn_decode|_execution|"
+    # the packed families' sizes and the facts they add to a summary (their knobs)
+    r"max_b|max_bhv|bucket\w*|budget_bytes|tail_rows|live_rows|valid_rows|stratum_rows|"
+    r"scale_largest|scale_judged|scale_sizes|judged_mode|scale_share|"
+    r"scale_budget|per_row_head)\b")
 
 
 def _name(path: Path) -> str:

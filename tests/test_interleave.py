@@ -122,7 +122,7 @@ class _Drawing(Campaign):
 def _drawing(limit: int = 10**9, resume: tuple | None = None, **options: object
              ) -> list[tuple[str, tuple[int, int, int], str]]:
     c = _Drawing(KDA, "helion", [Target("none", lambda *a: None)],
-                 options=CampaignOptions(**options), resume=resume)  # type: ignore[arg-type]
+                 options=CampaignOptions.of(**options), resume=resume)  # type: ignore[arg-type]
     c.drawn, c.limit = [], limit
     c.run()
     return c.drawn

@@ -127,7 +127,7 @@ def test_summary_lists_every_check_in_numeric_order_and_flags_the_never_hit() ->
     assert "layout: B=3 H=1 HV=2 K=4 V=4" in text
     assert "rows judged" not in text  # no valid rows: no line
     buf = io.StringIO()
-    print_summary(_report(rows=4_100, live_rows=3_000, tail_rows=900), file=buf)
+    print_summary(_report(facts=Counter(rows=4_100, live_rows=3_000, tail_rows=900)), file=buf)
     text = re.sub(r"\s+", " ", buf.getvalue())
     assert "4,100 of valid cases: 3,000 live" in text and "900 of it filling batch" in text
 
@@ -167,7 +167,7 @@ def _history(n: int = 200) -> list[dict[str, Any]]:
 
 
 def _html_report() -> Report:
-    report = _report(rows=52, live_rows=40)
+    report = _report(facts=Counter(rows=52, live_rows=40))
     report.failures.append(Failure(
         _case(), Verdict("mismatch", "out-value", "worst element out[2, 0, 1, 3] <b>"),
         "mypkg.decode:my_kernel", saved="corpus/found/mismatch-0123.json",
@@ -240,12 +240,12 @@ def test_verified_rows_leave_out_unjudged_cases_and_are_split_by_stratum() -> No
     r.record(Outcome("pass", exp), case, "valid")
     r.record(Outcome("skip", exp, note="not judged"), case, "valid")
     r.record(Outcome("fail", exp), case, "scale")
-    assert (r.valid_cases, r.skipped, r.rows, r.live_rows) == (3, 1, 10, 8)
-    assert r.stratum_rows == {"valid": 5, "scale": 5}
+    assert (r.valid_cases, r.skipped, r.facts["rows"], r.facts["live_rows"]) == (3, 1, 10, 8)
+    assert r.family_json()["stratum_rows"] == {"valid": 5, "scale": 5}
     merged = Report("kda", "triton", [])
     merged.add_counters(r.counters())
-    assert (merged.rows, merged.live_rows) == (10, 8)
-    assert merged.stratum_rows == r.stratum_rows
+    assert (merged.facts["rows"], merged.facts["live_rows"]) == (10, 8)
+    assert merged.family_json()["stratum_rows"] == r.family_json()["stratum_rows"]
     assert r.to_json()["live_rows"] == 8
     assert r.to_json()["stratum_rows"] == {"valid": 5, "scale": 5}
 

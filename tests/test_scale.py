@@ -375,8 +375,8 @@ def test_a_campaign_reports_the_largest_scale_sizes_and_the_strata_time() -> Non
     target = load_target(KDA.reference_target)  # vectorised: the interpreter would crawl
     r = campaign(KDA, "triton", [target], device="cpu", max_examples=30, seed=1,
                  valid_share=1.0, budget=1 << 12, scale_share=0.2, scale_budget=1 << 28)
-    assert sum(r.judged.values()) == 6
-    big = r.scale_largest
+    assert sum(r.to_json()["scale_judged"].values()) == 6
+    big = r.peaks
     assert big["B*HV"] >= big["B"] > 0 and big["state pool elements"] > 0
     assert r.stratum_seconds["scale"] > 0 and r.stratum_seconds["valid"] > 0
     [note] = KDA.report_notes(r)  # the family's own line in the summary

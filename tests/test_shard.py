@@ -38,7 +38,7 @@ class _Recording(Campaign):
 
 def _drawn(variant: str = "triton", **options: object) -> list[tuple[tuple[int, int, int], str]]:
     c = _Recording(KDA, variant, [Target("none", lambda *a: None)],
-                   options=CampaignOptions(**options))  # type: ignore[arg-type]
+                   options=CampaignOptions.of(**options))  # type: ignore[arg-type]
     c.drawn = []
     c.run()
     return c.drawn
@@ -89,7 +89,7 @@ def test_shards_draw_exactly_the_cases_of_one_campaign(shards: int) -> None:
     assert sorted(union) == sorted(single)  # the same case at every position
     assert all(40 <= len(p) <= 80 for p in parts), [len(p) for p in parts]
     # each shard's summary counts the examples it runs
-    assert [len(p) for p in parts] == [share_of(KDA, "helion", CampaignOptions(
+    assert [len(p) for p in parts] == [share_of(KDA, "helion", CampaignOptions.of(
         shard=(i, shards), **options), 1)["examples"] for i in range(shards)]  # type: ignore
 
 

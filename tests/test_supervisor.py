@@ -41,7 +41,7 @@ def test_jobs_run_the_plan_of_one_campaign() -> None:
     seed runs, valid and broken, and the merged report adds them up."""
     options = dict(max_examples=120, seed=5, budget=1 << 12, scale_share=0.1,
                    scale_budget=1 << 26)
-    sup = Supervisor("kda", "triton", [REFERENCE], 2, options=CampaignOptions(**options))
+    sup = Supervisor("kda", "triton", [REFERENCE], 2, options=CampaignOptions.of(**options))
     report = sup.run()
     assert not report.failures
     assert len(sup.summaries()) == 2 and all(s["seconds"] > 0 for s in sup.summaries())
@@ -51,7 +51,8 @@ def test_jobs_run_the_plan_of_one_campaign() -> None:
     alone = campaign(KDA, "triton", [load_target(REFERENCE)], job=(0, 1), **options)
     assert alone.startup_seconds == 0  # in-process: nothing was launched
     assert report.valid_cases == alone.valid_cases
-    assert sum(report.judged.values()) > 0 and report.judged == alone.judged  # scale cases
+    judged, alone_judged = (r.family_json()["scale_judged"] for r in (report, alone))
+    assert sum(judged.values()) > 0 and judged == alone_judged  # scale cases
     assert report.broken_cases + sum(report.validation_gaps.values()) == \
         alone.broken_cases + sum(alone.validation_gaps.values())
 
@@ -63,8 +64,8 @@ def test_a_crash_costs_one_restart_and_the_campaign_covers_the_same_examples() -
     the crash is one distinct failure with its repeats counted."""
     options = dict(max_examples=160, seed=2, budget=1 << 12, max_failures=5)
     crashing = Supervisor("kda", "triton", ["tests.hostile_targets:aborts_past_16_rows"], 1,
-                          options=CampaignOptions(**options)).run()
-    clean = Supervisor("kda", "triton", [REFERENCE], 1, options=CampaignOptions(**options)).run()
+                          options=CampaignOptions.of(**options)).run()
+    clean = Supervisor("kda", "triton", [REFERENCE], 1, options=CampaignOptions.of(**options)).run()
     assert crashing.examples == clean.examples == 160  # however often it aborts
     assert crashing.valid_cases == clean.valid_cases
     assert crashing.broken_cases + sum(crashing.validation_gaps.values()) == \
@@ -128,7 +129,7 @@ def test_a_stop_from_outside_ends_the_jobs() -> None:
     # fixed delay to start the jobs)
     started = threading.Event()
     sup = Supervisor("kda", "triton", [REFERENCE], 2,
-                     options=CampaignOptions(max_examples=100000, seed=1, budget=1 << 12),
+                     options=CampaignOptions.of(max_examples=100000, seed=1, budget=1 << 12),
                      on_example=lambda report: started.set())
     threading.Thread(target=lambda: (started.wait(120), time.sleep(3.0), sup.stop.set()),
                      daemon=True).start()
@@ -144,7 +145,7 @@ def test_the_same_seed_draws_the_same_cases_whatever_the_process_imported(
     def run() -> tuple:
         rep = campaign(KDA, "triton", [load_target(REFERENCE)], max_examples=200, seed=9,
                        budget=1 << 12)
-        return rep.examples, rep.rows, rep.valid_cases, dict(rep.checks_hit)
+        return rep.examples, rep.facts["rows"], rep.valid_cases, dict(rep.checks_hit)
 
     first = run()
     (tmp_path / "kda_many_constants.py").write_text(
@@ -220,7 +221,7 @@ def test_a_time_bounded_campaign_does_not_rerun_an_arms_simplest_case() -> None:
             super()._example(pos, case)  # (raises at the deadline: not counted then)
             drawn.setdefault(pos[1], []).append(f"{case.describe()} {case.notes.get('layout')}")
 
-    c = Recording(KDA, "triton", [load_target(REFERENCE)], options=CampaignOptions(
+    c = Recording(KDA, "triton", [load_target(REFERENCE)], options=CampaignOptions.of(
         max_examples=300, seed=1, max_seconds=4.0, budget=1 << 12, max_b=16,
         max_failures=100))
     report = c.run()

@@ -347,9 +347,7 @@ def minimize_with_verdict(contract: Contract, case: Case, target_fn: Callable[..
         notes["original_layout"] = notes.pop("layout")
     notes["minimized"] = steps
     notes["minimized_bytes"] = [size0, costs.encoded_case(current)]
-    rows = shrinker.rows(current) if shrinker is not None else None
-    if "rows" in notes and rows is not None:
-        notes["rows"] = rows
-    notes.pop("live_rows", None)  # the original's count, not the minimized case's
+    if shrinker is not None:  # the family's facts of the original, brought up to date
+        notes = shrinker.notes(current, notes)
     return Case(current.contract, current.variant, current.tensors, current.scalars,
                 current.intent, notes), hint

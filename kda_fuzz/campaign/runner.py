@@ -8,7 +8,7 @@ import time
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from hypothesis import HealthCheck, Phase, given, reject, settings
@@ -21,7 +21,7 @@ from kda_fuzz.campaign.channel import ExitReason, Stop
 from kda_fuzz.campaign.interleave import arm_before, cycle_of, in_turn_order, schedule
 from kda_fuzz.campaign.shard import NOMINAL_SCALE_BUDGET, Shard, describe, shard_arms
 from kda_fuzz.campaign.steering import Steering, describe_feature
-from kda_fuzz.engine.case import Case, fingerprint
+from kda_fuzz.engine.case import Case, Judging, fingerprint
 from kda_fuzz.engine.contract import Contract
 from kda_fuzz.engine.oracle import (
     EnvironmentFailure,
@@ -122,9 +122,6 @@ class Report:
     variant: str
     targets: list[str]
     examples: int = 0
-    rows: int = 0
-    live_rows: int = 0  # of ``rows``: those with a slot, compared with the reference
-    tail_rows: int = 0
     valid_cases: int = 0
     broken_cases: int = 0
     skipped: int = 0
@@ -141,7 +138,6 @@ class Report:
     seconds: float = 0.0
     seed: int | None = None
     checks_hit: Counter = field(default_factory=Counter)
-    judged: Counter = field(default_factory=Counter)  # scale cases: "full" / "sampled" math
     validation_gaps: Counter = field(default_factory=Counter)
     wording: Counter = field(default_factory=Counter)  # check -> differently worded errors
     wording_samples: list[tuple[int | None, str, str]] = field(default_factory=list)
@@ -155,8 +151,6 @@ class Report:
     extra: dict[str, Any] = field(default_factory=dict)  # more JSON summary keys (shard, ...)
     # seconds spent per stratum ("broken", "valid", "scale"), summed over jobs
     stratum_seconds: Counter = field(default_factory=Counter)
-    # verified rows per stratum ("valid", "scale"; ``rows`` is their sum)
-    stratum_rows: Counter = field(default_factory=Counter)
     # Triton and Helion compiles during the examples, counted by their hooks
     # (kda_fuzz.execution.compiles), and the seconds spent in them
     compiles: int = 0
@@ -169,8 +163,10 @@ class Report:
     # supervised jobs: seconds from a job's launch to its first example (the fork, CUDA
     # context, imports of the targets), summed over jobs and restarts
     startup_seconds: float = 0.0
-    # scale stratum: the largest of each size its cases report (``notes["scale_sizes"]``)
-    scale_largest: dict[str, int] = field(default_factory=dict)
+    # the family's own facts (Contract.tally; its keys): counts summed over examples and
+    # jobs, and the largest of each size its cases reached
+    facts: Counter = field(default_factory=Counter)
+    peaks: dict[str, int] = field(default_factory=dict)
     # draws not run because layouts of their signature crashed or hung (kda_fuzz.campaign.steering)
     shifted: Counter = field(default_factory=Counter)
     # seconds of the extra checks of passing cases, by mode ("batch invariance", "CUDA
@@ -185,18 +181,29 @@ class Report:
     config_checks: int = 0
     config_runs: int = 0
     config_skips: Counter = field(default_factory=Counter)
+    # the contract (its tally and summary hooks); None: the registered one of that name
+    family: Contract | None = field(default=None, repr=False, compare=False)
 
-    COUNTERS = ("examples", "rows", "live_rows", "tail_rows", "valid_cases", "broken_cases",
-                "skipped", "seeds", "batch_checks", "graph_checks", "sanitize_sampled",
-                "sanitized", "sanitize_failed", "sanitize_seconds", "compiles",
-                "compiling_seconds",
-                "startup_seconds", "unexecutable", "unexecutable_valid", "config_checks",
-                "config_runs")
+    COUNTERS = ("examples", "valid_cases", "broken_cases", "skipped", "seeds", "batch_checks",
+                "graph_checks", "sanitize_sampled", "sanitized", "sanitize_failed",
+                "sanitize_seconds", "compiles", "compiling_seconds", "startup_seconds",
+                "unexecutable", "unexecutable_valid", "config_checks", "config_runs")
+
+    def contract_hooks(self) -> Contract | None:
+        """The contract whose hooks count and summarize the family's facts (``family``,
+        else the registered contract named ``contract``; None: none known)."""
+        if self.family is None:
+            from kda_fuzz.families import get_contract
+
+            try:
+                self.family = get_contract(self.contract)
+            except ValueError:
+                return None
+        return self.family
 
     def record(self, outcome: Outcome, case: Case, stratum: str = "valid") -> None:
-        """Count one judged example (its first target's outcome) of ``stratum``; the rows
-        of a valid case (live and padding rows; ``live_rows`` the live ones) count as
-        verified unless it was not judged (``skip``)."""
+        """Count one judged example (its first target's outcome) of ``stratum``, and what
+        the family tallies of it (``Contract.tally``: e.g. the rows it verified)."""
         self.examples += 1
         exp = outcome.expectation
         if outcome.status == "gap":
@@ -204,21 +211,16 @@ class Report:
             self.validation_gaps[label] += 1
         elif exp.ok:
             self.valid_cases += 1
-            if outcome.status != "skip":
-                rows = int(case.notes.get("rows", 1))
-                self.rows += rows
-                self.live_rows += int(case.notes.get("live_rows", rows))
-                self.stratum_rows[stratum] += rows
-                self.tail_rows += int(case.notes.get("tail_rows", 0))
         else:
             self.broken_cases += 1
             self.checks_hit[exp.check if exp.check is not None else f"hole:{exp.hole}"] += 1
         if outcome.status == "skip":
             self.skipped += 1
-        if outcome.facts and outcome.facts.get("judged_mode"):
-            self.judged[outcome.facts["judged_mode"]] += 1
-        if case.notes.get("scale_sizes"):  # the family's labels -> sizes of this case
-            self._largest(case.notes["scale_sizes"])
+        family = self.contract_hooks()
+        if family is not None and family.tally is not None:
+            tally = family.tally(case, outcome, stratum)
+            self.facts.update(tally.sums)
+            self._largest(tally.peaks)
         if outcome.wording is not None:
             self.wording[outcome.wording[0]] += 1
             if len(self.wording_samples) < WORDING_SAMPLES:
@@ -280,18 +282,17 @@ class Report:
             if cause in self.unexecutable_causes or len(self.unexecutable_causes) < CAUSES:
                 self.unexecutable_causes[cause] += n
 
-    def _largest(self, sizes: dict[str, int]) -> None:
+    def _largest(self, sizes: Mapping[str, int]) -> None:
         for k, v in sizes.items():
-            self.scale_largest[k] = max(v, self.scale_largest.get(k, 0))
+            self.peaks[k] = max(v, self.peaks.get(k, 0))
 
     def counters(self) -> dict[str, Any]:
         """The counts alone (what a job sends as progress, and resumes from)."""
         out: dict[str, Any] = {n: getattr(self, n) for n in self.COUNTERS}
         out.update(checks_hit=dict(self.checks_hit), validation_gaps=dict(self.validation_gaps),
                    wording=dict(self.wording), wording_samples=list(self.wording_samples),
-                   judged=dict(self.judged), stratum_seconds=dict(self.stratum_seconds),
-                   stratum_rows=dict(self.stratum_rows), scale_largest=dict(self.scale_largest),
-                   unexecutable_causes=dict(self.unexecutable_causes),
+                   stratum_seconds=dict(self.stratum_seconds), facts=dict(self.facts),
+                   peaks=dict(self.peaks), unexecutable_causes=dict(self.unexecutable_causes),
                    shifted=dict(self.shifted), mode_seconds=dict(self.mode_seconds),
                    pinned=dict(self.pinned), config_skips=dict(self.config_skips),
                    variants={t: {k: vars(r).copy() for k, r in seen.items()}
@@ -306,10 +307,9 @@ class Report:
         self.checks_hit.update(c["checks_hit"])
         self.validation_gaps.update(c["validation_gaps"])
         self.wording.update(c["wording"])
-        self.judged.update(c.get("judged", {}))
         self.stratum_seconds.update(c.get("stratum_seconds", {}))
-        self.stratum_rows.update(c.get("stratum_rows", {}))
-        self._largest(c.get("scale_largest", {}))
+        self.facts.update(c.get("facts", {}))
+        self._largest(c.get("peaks", {}))
         self.shifted.update(c.get("shifted", {}))
         self.mode_seconds.update(c.get("mode_seconds", {}))
         self.pinned.update(c.get("pinned", {}))
@@ -359,9 +359,6 @@ class Report:
             "targets": self.targets,
             "seed": self.seed,
             "examples": self.examples,
-            "valid_rows": self.rows,
-            "live_rows": self.live_rows,
-            "bucket_padding_rows": self.tail_rows,
             "valid_cases": self.valid_cases,
             "broken_cases": self.broken_cases,
             "skipped_unjudgeable": self.skipped,
@@ -393,14 +390,11 @@ class Report:
             "seconds": round(self.seconds, 3),
             # summed over jobs (a campaign of 8 jobs has 8 seconds of them per second)
             "stratum_seconds": {k: round(v, 3) for k, v in self.stratum_seconds.items()},
-            "stratum_rows": dict(self.stratum_rows),
             "compiles": self.compiles,
             "compiling_seconds": round(self.compiling_seconds, 3),
             "not_executable": {"examples": self.unexecutable, "valid": self.unexecutable_valid,
                                "causes": dict(self.unexecutable_causes)},
             "startup_seconds": round(self.startup_seconds, 3),
-            "scale_largest": dict(self.scale_largest),
-            "scale_judged": dict(self.judged),
             "checks_hit": {str(k): v for k, v in sorted(self.checks_hit.items(), key=_check_key)},
             "validation_gaps": dict(self.validation_gaps),
             "shifted": dict(sorted(self.shifted.items())),
@@ -409,8 +403,16 @@ class Report:
                                 for c, e, g in self.wording_samples],
             "notes": self.notes,
             "saved": self.saved,
+            **self.family_json(),
             **self.extra,
         }
+
+    def family_json(self) -> dict[str, Any]:
+        """The JSON summary keys of the family's facts (``Contract.report_json``)."""
+        family = self.contract_hooks()
+        if family is None or family.report_json is None:
+            return {}
+        return family.report_json(self)
 
 
 def _check_key(item: tuple[Any, Any]) -> tuple[int, str]:
@@ -434,42 +436,47 @@ def deal(arms: list[Arm], job: int, jobs: int) -> list[Arm]:
 
 
 def plan(contract: Contract, variant: str, max_examples: int, *, device: str = "cpu",
-         budget: int | None = None, valid_share: float = 0.5, families: int = 0,
-         bucket: bool = False, max_b: int | None = None, seed: int | None = None,
-         max_bhv: int | None = None, parts: int = 1, scale_share: float = 0.0,
-         scale_budget: int | None = None,
-         layouts: Sequence[tuple[str, Mapping[str, Any]]] = (), layout_share: float = 0.75,
-         restrict: Mapping[str, Any] | None = None) -> list[Arm]:
+         valid_share: float = 0.5, families: int = 0, seed: int | None = None,
+         parts: int = 1, layouts: Sequence[tuple[str, Mapping[str, Any]]] = (),
+         layout_share: float = 0.75, restrict: Mapping[str, Any] | None = None,
+         nominal_scale: bool = False, **sizes: Any) -> list[Arm]:
     """Split a campaign's examples: every broken stratum (each breakage, each adjacent pair
     of checks) gets its share, then a random mix of breakages, then valid layouts. The
     arms run interleaved, each from the first round on in proportion to its examples
     (:mod:`kda_fuzz.campaign.interleave`), so the list's order is not the order examples run in.
 
+    ``sizes`` are the family's own (``Contract.knobs``: e.g. elements per case, batch
+    size), handed to its strategies as its ``Knobs.valid`` and ``Knobs.groups`` say;
+    a size the family does not take is a ``TypeError``.
+
     With ``families`` (and a contract that defines them) the valid examples are spent
     family by family, so a shape-specialising kernel compiles a few times per family.
     Without families the valid examples are split into ``parts`` arms (one per job).
 
-    ``scale_share`` of the examples (taken from the valid ones) go to the contract's
-    scale stratum (``Contract.scale``), sized to ``scale_budget`` bytes (default:
-    0.8 of the device's free memory split between ``parts`` jobs); none when nothing fits.
+    The contract's scale stratum (``Contract.scale``) takes the share of the examples
+    (from the valid ones) its ``Knobs.scale`` gives, sized to its bytes per case (None:
+    0.8 of the device's free memory split between ``parts`` jobs; with
+    ``nominal_scale``, on cuda, a large nominal budget instead, the device untouched);
+    none when nothing fits.
 
     ``layouts``: named pins (a deployment's shapes); ``layout_share`` of the valid examples
     go to them (``valid:pin:NAME`` arms: the pinned fields fixed, everything else drawn
     around them), the rest to the whole space. ``restrict``: pins every arm honours
     (what the targets do not support is never drawn)."""
-    arms_scale = _scale_arms(contract, variant, max_examples, device, scale_share,
-                             scale_budget, parts, restrict, layouts, layout_share)
+    contract.knobs.check(sizes, contract.name)
+    share, budget = contract.knobs.scale(sizes)
+    arms_scale = _scale_arms(contract, variant, max_examples, device, share, budget, parts,
+                             restrict, nominal_scale, layouts, layout_share)
     max_examples -= sum(a.examples for a in arms_scale)
-    arms = _plan(contract, variant, max_examples, device=device, budget=budget,
-                 valid_share=valid_share, families=families, bucket=bucket, max_b=max_b,
-                 seed=seed, max_bhv=max_bhv, parts=parts, layouts=layouts,
-                 layout_share=layout_share, restrict=restrict)
+    arms = _plan(contract, variant, max_examples, device=device, valid_share=valid_share,
+                 families=families, seed=seed, parts=parts, layouts=layouts,
+                 layout_share=layout_share, restrict=restrict, sizes=sizes)
     return [*arms, *arms_scale]
 
 
 def _scale_arms(contract: Contract, variant: str, max_examples: int, device: str,
                 share: float, budget: int | None, parts: int,
-                restrict: Mapping[str, Any] | None = None,
+                restrict: Mapping[str, Any] | None = None, nominal: bool = False,
                 layouts: Sequence[tuple[str, Mapping[str, Any]]] = (),
                 layout_share: float = 0.75) -> list[Arm]:
     """The scale stratum's arms; with pinned ``layouts``, ``layout_share`` of its examples
@@ -479,7 +486,8 @@ def _scale_arms(contract: Contract, variant: str, max_examples: int, device: str
     if not n or stratum is None:
         return []
     if budget is None:
-        budget = stratum.device_budget(device, parts)
+        budget = (NOMINAL_SCALE_BUDGET if nominal and str(device).startswith("cuda")
+                  else stratum.device_budget(device, parts))
     if not budget:
         return []
     kw: dict[str, Any] = {"pins": restrict} if restrict else {}
@@ -504,11 +512,10 @@ def _scale_arms(contract: Contract, variant: str, max_examples: int, device: str
 
 
 def _plan(contract: Contract, variant: str, max_examples: int, *, device: str,
-          budget: int | None, valid_share: float, families: int, bucket: bool,
-          max_b: int | None, seed: int | None, max_bhv: int | None,
-          parts: int, layouts: Sequence[tuple[str, Mapping[str, Any]]] = (),
-          layout_share: float = 0.75, restrict: Mapping[str, Any] | None = None
-          ) -> list[Arm]:
+          valid_share: float, families: int, seed: int | None, parts: int,
+          layouts: Sequence[tuple[str, Mapping[str, Any]]] = (),
+          layout_share: float = 0.75, restrict: Mapping[str, Any] | None = None,
+          sizes: Mapping[str, Any] | None = None) -> list[Arm]:
     strata = contract.broken_arms(variant)
     n_broken = round(max_examples * (1 - valid_share))
     per = (n_broken * 4 // 5) // max(1, len(strata))  # 0: too few examples, mix only
@@ -525,15 +532,8 @@ def _plan(contract: Contract, variant: str, max_examples: int, *, device: str,
     n_valid = max_examples - used
     if n_valid <= 0:
         return arms
-    kw: dict[str, Any] = {"device": device}
-    if budget:
-        kw["budget"] = budget
-    if max_b:
-        kw["max_b"] = max_b
-    if bucket:
-        kw["bucket"] = True
-    if max_bhv:
-        kw["max_bhv"] = max_bhv
+    sizes = sizes or {}
+    kw: dict[str, Any] = {"device": device, **contract.knobs.valid(sizes)}
     if layouts:
         n_pinned = round(n_valid * layout_share)
         n_valid -= n_pinned
@@ -542,8 +542,7 @@ def _plan(contract: Contract, variant: str, max_examples: int, *, device: str,
             arms += [Arm(f"valid:pin:{name}" + (f":part{j}" if parts > 1 else ""),
                          strategy, k) for j, k in enumerate(_split(n, max(1, parts))) if k]
     kw.update(pk)
-    fams = (contract.families(variant, families, seed or 0, **({"budget": budget} if budget
-                                                               else {}))
+    fams = (contract.families(variant, families, seed or 0, **contract.knobs.groups(sizes))
             if families and contract.families else [])
     if not fams:
         strategy = contract.valid_cases(variant, **kw)
@@ -598,14 +597,11 @@ class CampaignOptions:
     device: str = "cpu"
     max_examples: int = 200
     seed: int | None = None
-    budget: int | None = None
     valid_share: float = 0.5
     families: int = 0
-    bucket: bool = False
-    max_b: int | None = None
-    max_bhv: int | None = None
-    scale_share: float = 0.0  # share of examples in the contract's GPU-scale stratum
-    scale_budget: int | None = None  # its bytes per case (None: from the device's free memory)
+    # the family's own sizes (Contract.knobs: resolved once by its Knobs.resolve), passed
+    # through to its strategies by ``plan``
+    sizes: Mapping[str, Any] = field(default_factory=dict)
     max_seconds: float | None = None
     deadline: float | None = None  # time.monotonic() at which to stop (overrides max_seconds)
     max_failures: int = 1  # distinct failures before the campaign stops
@@ -643,16 +639,26 @@ class CampaignOptions:
     # kernel their target launched (kda_fuzz.execution.configs), each judged as a case
     kernel_configs: int = 0
 
+    @classmethod
+    def of(cls, **options: Any) -> CampaignOptions:
+        """Options from keywords: this class's fields, and the family's sizes (any other
+        keyword, added to ``sizes``)."""
+        own = {f.name for f in fields(cls)}
+        sizes = {k: options.pop(k) for k in [k for k in options if k not in own]}
+        if sizes:
+            options["sizes"] = {**options.get("sizes", {}), **sizes}
+        return cls(**options)
 
-def campaign_plan(contract: Contract, variant: str, o: CampaignOptions) -> list[Arm]:
+
+def campaign_plan(contract: Contract, variant: str, o: CampaignOptions,
+                  nominal_scale: bool = False) -> list[Arm]:
     """The whole plan of a campaign with options ``o`` (before it is dealt to jobs)."""
     restrict = (contract.restrict(o.unsupported, variant)
                 if o.unsupported and contract.restrict is not None else None)
-    return plan(contract, variant, o.max_examples, device=o.device, budget=o.budget,
-                valid_share=o.valid_share, families=o.families, bucket=o.bucket,
-                max_b=o.max_b, seed=o.seed, max_bhv=o.max_bhv, parts=o.job[1],
-                scale_share=o.scale_share, scale_budget=o.scale_budget,
-                layouts=o.layouts, layout_share=o.layout_share, restrict=restrict)
+    return plan(contract, variant, o.max_examples, device=o.device,
+                valid_share=o.valid_share, families=o.families, seed=o.seed, parts=o.job[1],
+                layouts=o.layouts, layout_share=o.layout_share, restrict=restrict,
+                nominal_scale=nominal_scale, **o.sizes)
 
 
 class Recorder:
@@ -714,7 +720,7 @@ class Campaign:
         if self.options.seed is None:
             self.options = replace(self.options, seed=random.randrange(2**31))
         self.report = Report(contract.name, variant, [t.name for t in self.targets],
-                             seed=self.options.seed)
+                             seed=self.options.seed, family=contract)
         self.on_example, self.on_failure, self.stop = on_example, on_failure, stop
         self.recorder = recorder or Recorder()
         self.resume_at: Position = (-1, 0, 0)  # seeds run at (-1, 0, i) (see _run_seeds)
@@ -977,7 +983,7 @@ class Campaign:
                 v = batch_variance(self.contract, case, target.fn,
                                    guard=lambda i=index: self.recorder.call(pos, i))
             if v.status == "fail" and v.verdict is not None:
-                marked = replace(case, notes={**case.notes, "invariance": "bitwise"})
+                marked = Judging(invariance="bitwise").mark(case)
                 self._failed(marked, v.verdict, target, pos=pos, index=index)
                 return
 
@@ -996,7 +1002,7 @@ class Campaign:
             with self.recorder.settle(), self.recorder.call(pos, index):
                 outcome = graph_replay(self.contract, case, target.fn)
             if outcome.status == "fail" and outcome.verdict is not None:
-                marked = replace(case, notes={**case.notes, "graph": True})
+                marked = Judging(graph=True).mark(case)
                 self._failed(marked, outcome.verdict, target, pos=pos, index=index)
                 return
 
@@ -1148,10 +1154,10 @@ class Campaign:
             return
         if any(t.device.type == "cuda" for t in failure.case.tensors.values()):
             failure.case = failure.case.on("cpu")
-        policy = {**({"strict": True} if self.options.strict else {}),
-                  **({"messages": "class"} if self.options.messages == "class" else {})}
-        if policy:  # replay judges the saved case the way the campaign did
-            failure.case = replace(failure.case, notes={**failure.case.notes, **policy})
+        policy = Judging(strict=self.options.strict,
+                         messages="class" if self.options.messages == "class" else None)
+        if policy.notes():  # replay judges the saved case the way the campaign did
+            failure.case = policy.mark(failure.case)
         failure.found_seconds = seconds
         failure.found_example = self._nth
         self.known[failure.signature] = failure
@@ -1232,9 +1238,8 @@ def share_of(contract: Contract, variant: str, options: CampaignOptions, jobs: i
     same arms whenever any scale case fits."""
     o = replace(options, job=(0, jobs),
                 families=max(options.families, jobs) if options.families else 0)
-    if o.scale_budget is None and str(o.device).startswith("cuda"):
-        o = replace(o, scale_budget=NOMINAL_SCALE_BUDGET)
-    return describe(campaign_plan(contract, variant, o), Shard(*o.shard), o.seed or 0)
+    return describe(campaign_plan(contract, variant, o, nominal_scale=True), Shard(*o.shard),
+                    o.seed or 0)
 
 
 @contextlib.contextmanager
@@ -1270,10 +1275,11 @@ def campaign(contract: Contract, variant: str, targets: list[Target], *,
              on_failure: Callable[[Failure, bool], None] | None = None,
              **options: Any) -> Report:
     """Run a campaign in this process (targets called directly) and minimize each distinct
-    failure with ``minimize``; ``options`` are :class:`CampaignOptions` fields. Stops at
+    failure with ``minimize``; ``options`` are :class:`CampaignOptions` fields or the
+    family's sizes (:meth:`CampaignOptions.of`). Stops at
     the first distinct failure unless ``max_failures`` says otherwise. ``on_failure(f,
     new)`` is told of each confirmed failure as it is found (``new``: a distinct one)."""
-    c = Campaign(contract, variant, targets, peers=peers, options=CampaignOptions(**options),
+    c = Campaign(contract, variant, targets, peers=peers, options=CampaignOptions.of(**options),
                  on_example=on_example, stop=stop, on_failure=on_failure)
     report = c.run()
     if c.stopped is not None and c.stopped.noteworthy:

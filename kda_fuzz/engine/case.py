@@ -94,6 +94,39 @@ class Case:
         return "; ".join(parts)
 
 
+@dataclass(frozen=True)
+class Judging:
+    """How a case is judged beyond its contract: the policy of the campaign that found it
+    (``strict``: the hardened contract; ``messages="class"``: any message of the right
+    exception), and the mode that found it (``invariance="bitwise"``: its rows re-run in
+    other batches must equal the whole batch's bit for bit; ``graph``: replayed from a
+    CUDA graph). It lives in the case's notes (its corpus file's ``notes``), so that a
+    replay judges the case the way it was found; this is their one typed view."""
+
+    strict: bool = False
+    messages: str | None = None
+    invariance: str | None = None
+    graph: bool = False
+
+    @classmethod
+    def of(cls, case: Case) -> Judging:
+        """The policy the case's notes record (the defaults where they record none)."""
+        n = case.notes
+        return cls(bool(n.get("strict")), n.get("messages"), n.get("invariance"),
+                   bool(n.get("graph")))
+
+    def notes(self) -> dict[str, Any]:
+        """The notes that record this policy (what differs from the defaults)."""
+        return {k: v for k, v in (("strict", self.strict), ("messages", self.messages),
+                                  ("invariance", self.invariance), ("graph", self.graph))
+                if v}
+
+    def mark(self, case: Case) -> Case:
+        """``case`` (a copy) with this policy added to its notes."""
+        return Case(case.contract, case.variant, case.tensors, case.scalars, case.intent,
+                    {**case.notes, **self.notes()})
+
+
 def fingerprint(case: Case) -> str:
     """A content hash of a case: layouts, bytes and scalars."""
     h = hashlib.sha256()

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from kda_fuzz.engine.knobs import NO_KNOBS, Knobs
+
 if TYPE_CHECKING:  # annotations only: hypothesis and the case/verdict types
     from hypothesis.strategies import SearchStrategy
 
@@ -116,15 +118,14 @@ class Expectation:
 
 class ValidCases(Protocol):
     """Valid cases of a variant. The runner passes only the keywords it sets; the family
-    chooses the defaults. ``budget``: state elements touched per case; ``max_b``: batch
-    rows; ``bucket``: round the batch up to a few sizes with padding rows; ``family``: a
-    compile family from :attr:`Contract.families`; ``max_bhv``: programs (rows x heads);
+    chooses the defaults. ``family``: a compile family from :attr:`Contract.families`;
     ``pins``: fields of the layout fixed to a value, a list of values or a strategy (the
-    family names its fields and raises ``ValueError`` for unknown ones)."""
+    family names its fields and raises ``ValueError`` for unknown ones); ``sizes``: the
+    family's own (its :attr:`Knobs.valid` of the campaign's sizes, e.g. elements per case,
+    batch size)."""
 
-    def __call__(self, variant: str, *, device: str = ..., budget: int = ...,
-                 max_b: int = ..., bucket: bool = ..., family: Any = ...,
-                 max_bhv: int | None = ..., pins: Mapping[str, Any] | None = ...
+    def __call__(self, variant: str, *, device: str = ..., family: Any = ...,
+                 pins: Mapping[str, Any] | None = ..., **sizes: Any
                  ) -> SearchStrategy[Case]: ...
 
 
@@ -172,8 +173,9 @@ class Shrinker(Protocol):
     def values(self, case: Case, ctx: ShrinkContext) -> Iterable[Move]:
         """Simpler tensor values (zeros, ones, rounded)."""
 
-    def rows(self, case: Case) -> int | None:
-        """The batch size a minimized case's notes record (None: none)."""
+    def notes(self, case: Case, notes: dict[str, Any]) -> dict[str, Any]:
+        """The notes of the minimized ``case``: ``notes`` (the original's, with the
+        minimizer's own) with the family's facts of the original brought up to date."""
 
 
 @dataclass(frozen=True)
@@ -195,16 +197,13 @@ class ModuleExecution:
 
 
 @dataclass(frozen=True)
-class Sizing:
-    """Default layout sizes of a family's campaigns: on CUDA, and for its own kernels on
-    CPU, which run interpreted (``budget``: state elements per case; ``max_bhv``:
-    programs, rows x heads)."""
+class Tally:
+    """What one example adds to a campaign's counts of the family's own facts
+    (``Report.facts``: ``sums`` added up over examples and jobs, ``peaks`` the largest
+    of each kept); the keys are the family's."""
 
-    cuda_budget: int = 1 << 24
-    cuda_max_b: int = 16384
-    interpreted_budget: int = 1 << 13
-    interpreted_max_b: int = 64
-    interpreted_max_bhv: int = 32
+    sums: Mapping[str, int] = field(default_factory=dict)
+    peaks: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -234,14 +233,17 @@ class Contract:
 
     Family hooks: ``scalars`` (the scalar arguments and their kinds, for corpus files),
     ``default_targets`` (the project's kernels per variant), ``reference_target``,
-    ``execution``, ``sizing``, ``shrinker``, ``summarize`` (a case in one line),
-    ``sizes`` (a case's named sizes for descriptions), ``probe(rows, width, variant)``
-    (calibration cases), ``scale``, ``judge_budget`` (the judge fills an error budget)
-    ``status`` (notes for a campaign's summary on the family's own machinery, e.g. a
-    fast path that turned itself off) and ``aims`` (the check each breakage of a variant
-    aims at, for :func:`kda_fuzz.strategies.broken_layouts`) and ``restrict`` (the pins
-    that leave out features a target declares it does not support) and
-    ``upgrade_verdict`` (a verdict read from an older file, in today's terms).
+    ``execution``, ``knobs`` (its command-line options and sizes), ``shrinker``,
+    ``summarize`` (a case in one line), ``sizes`` (a case's named sizes for
+    descriptions), ``probe(units, width, variant)`` (calibration cases: ``units``
+    programs of work, each ``width`` wide), ``scale``, ``judge_budget`` (the judge
+    fills an error budget), ``status`` (notes for a campaign's summary on the family's
+    own machinery, e.g. a fast path that turned itself off), ``tally``,
+    ``report_notes``, ``report_rows`` and ``report_json`` (the facts it adds to a
+    campaign's counts and summary), ``aims`` (the check each breakage of a variant aims
+    at, for :func:`kda_fuzz.strategies.broken_layouts`), ``restrict`` (the pins that
+    leave out features a target declares it does not support) and ``upgrade_verdict``
+    (a verdict read from an older file, in today's terms).
     """
 
     name: str
@@ -262,7 +264,7 @@ class Contract:
     default_targets: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     reference_target: str | None = None
     execution: Execution | None = None
-    sizing: Sizing = Sizing()
+    knobs: Knobs = NO_KNOBS
     shrinker: Shrinker | None = None
     summarize: Callable[[Case], str] | None = None
     sizes: Callable[[Case], dict[str, int]] | None = None
@@ -276,8 +278,14 @@ class Contract:
     # batch invariance: sub-batches of a valid case and where their rows differ bitwise
     batch: BatchInvariance | None = None
     # the facts the family adds to a campaign's summary, from its report (e.g. how its
-    # scale stratum's cases were judged)
+    # scale stratum's cases were judged): notes, the summary's rows (label, text; "":
+    # nothing to say) and JSON keys
     report_notes: Callable[[Any], list[str]] | None = None
+    report_rows: Callable[[Any], list[tuple[str, str]]] | None = None
+    report_json: Callable[[Any], dict[str, Any]] | None = None
+    # tally(case, outcome, stratum): what a judged example (its oracle.Outcome) adds to
+    # the report's facts (Report.facts, Report.peaks), e.g. the batch rows it verified
+    tally: Callable[[Case, Any, str], Tally] | None = None
     # breakage name -> the check it aims at (None: a semantic rule), per variant
     aims: Callable[[str], Mapping[str, int | None]] | None = None
     # pins (for valid_cases/broken_cases) that leave out what a target does not support

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import torch
 
-from kda_fuzz.engine.case import Case, TensorArg
+from kda_fuzz.engine.case import Case, Judging, TensorArg
 from kda_fuzz.engine.contract import Contract, Expectation, Unjudgeable
 from kda_fuzz.engine.verdict import RAISED, Verdict, raised_by
 from kda_fuzz.execution import configs, variants
@@ -161,8 +161,9 @@ def run_case(contract: Contract, case: Case, target: Callable[..., Any], *,
     if exp.ok and case.notes.get("semantic"):
         return Outcome("gap", exp, note="the contract accepts a layout broken by "
                        + ", ".join(case.notes.get("breakages", [])))
-    strict = strict or bool(case.notes.get("strict"))  # a case saved under --strict
-    messages = case.notes.get("messages", messages)  # ... or under --messages class
+    policy = Judging.of(case)  # a case saved under --strict, --messages class, by a mode
+    strict = strict or policy.strict
+    messages = policy.messages or messages
     try:
         kwargs, bases = case.materialize()
         # the case's own bases are what the target's copies held before the call (nothing
@@ -229,9 +230,9 @@ def run_case(contract: Contract, case: Case, target: Callable[..., Any], *,
             "mismatch", "outputs-unreadable",
             f"the oracle could not read the caller's tensors after the call: "
             f"{type(e).__name__}: {e}"))
-    if v is None and case.notes.get("invariance") == "bitwise" and contract.batch is not None:
+    if v is None and policy.invariance == "bitwise" and contract.batch is not None:
         return batch_variance(contract, case, target, kwargs=kwargs)  # a saved finding
-    if v is None and case.notes.get("graph"):  # a saved finding of the CUDA-graph mode
+    if v is None and policy.graph:  # a saved finding of the CUDA-graph mode
         return graph_replay(contract, case, target)
     if v is not None and saved:
         v = under_configs(v, saved)

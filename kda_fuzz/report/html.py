@@ -29,11 +29,11 @@ from kda_fuzz.corpus.atomic import write_atomic
 from kda_fuzz.families import get_contract
 from kda_fuzz.report.progress import (
     check_counts,
+    family_rows,
     first_finding,
     found_after,
     layout_of,
     reproduce,
-    rows_judged,
     time_shares,
 )
 
@@ -91,7 +91,7 @@ def _summary(report: Any, history: Sequence[dict[str, Any]] | None) -> str:
         ("examples", f"{report.examples} in {report.seconds:.1f} s ({rate:.1f}/s)"),
         ("valid / broken", f"{report.valid_cases} / {report.broken_cases}"),
         ("valid not judged", f"{report.skipped} (result overflows its dtype)"),
-        ("rows judged", rows_judged(report) or "none"),
+        *((label, text or "none") for label, text in family_rows(report)),
         ("time", time_shares(report) or "not recorded"),
         ("failures", str(len(report.failures))),
         ("first finding", first_finding(report) or "none"),

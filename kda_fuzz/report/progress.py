@@ -164,9 +164,9 @@ def print_summary(report: Any, file: Any = None) -> None:
     t.add_row("valid / broken", f"{report.valid_cases} / {report.broken_cases}"
               + (f" ({report.skipped} valid not judged: result overflows its dtype)"
                  if report.skipped else ""))
-    rows = rows_judged(report)
-    if rows:
-        t.add_row("rows judged", rows)
+    for label, text in family_rows(report):
+        if text:
+            t.add_row(label, text)
     spent = time_shares(report)
     if spent:
         t.add_row("time", spent)
@@ -255,13 +255,14 @@ def first_finding(report: Any) -> str:
     return found_after(min(found, key=lambda f: f.found_seconds))
 
 
-def rows_judged(report: Any) -> str:
-    """The batch rows of the valid cases judged, live and padding ("" with none)."""
-    if not getattr(report, "rows", 0):
-        return ""
-    return (f"{report.rows:,} of valid cases: {report.live_rows:,} live (held to the "
-            f"reference), the rest padding" + (f", {report.tail_rows:,} of it filling batch "
-                                               f"buckets" if report.tail_rows else ""))
+def family_rows(report: Any) -> list[tuple[str, str]]:
+    """The summary's rows on the family's own facts (``Contract.report_rows``: label and
+    text, "" when there is nothing to say), e.g. the batch rows its valid cases verified."""
+    hooks = getattr(report, "contract_hooks", None)
+    family = hooks() if hooks is not None else None
+    if family is None or family.report_rows is None:
+        return []
+    return family.report_rows(report)
 
 
 def reproduce(failure: Any, variant: str) -> str:

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from kda_fuzz.engine.case import Case
-from kda_fuzz.engine.contract import Check, Contract, Hole, ModuleExecution, Sizing
+from kda_fuzz.engine.contract import Check, Contract, Hole, ModuleExecution
 from kda_fuzz.engine.verdict import Verdict
 from kda_fuzz.families.gdn import layouts as gdn_layouts
 from kda_fuzz.families.kda import contract as kda
@@ -39,8 +39,10 @@ from kda_fuzz.families.kda.layouts import KdaLayout
 from kda_fuzz.families.packed import invariance as packed_invariance
 from kda_fuzz.families.packed import judge as packed_judge
 from kda_fuzz.families.packed import pins
+from kda_fuzz.families.packed import summary as packed_summary
 from kda_fuzz.families.packed import tolerance as tol
 from kda_fuzz.families.packed.judge import pow2
+from kda_fuzz.families.packed.knobs import KNOBS
 from kda_fuzz.families.packed.shrink import PackedDecodeShrinker
 
 SIGNATURE = (
@@ -140,7 +142,7 @@ CONTRACT = Contract(
     },
     reference_target="kda_fuzz_kernels.gdn_decode:reference_gdn_packed_decode",
     execution=ModuleExecution("kda_fuzz.execution.cpu"),
-    sizing=Sizing(),
+    knobs=KNOBS,  # the packed decode families' options and sizes
     shrinker=PackedDecodeShrinker(gate_per_key=False, pow2_variants=HELION),
     summarize=packed_judge.layout_summary,
     sizes=packed_judge.packed_sizes,
@@ -148,4 +150,7 @@ CONTRACT = Contract(
     judge_budget=True,
     status=packed_judge.fused_status,  # the shared fused GPU judge (one gate per value head)
     batch=packed_invariance.BATCH,
+    report_rows=packed_summary.report_rows,  # the rows its valid cases verified
+    report_json=packed_summary.report_json,
+    tally=packed_summary.tally,
 )

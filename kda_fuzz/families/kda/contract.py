@@ -36,7 +36,6 @@ from kda_fuzz.engine.contract import (
     Hole,
     ModuleExecution,
     ScaleStratum,
-    Sizing,
     shape,
 )
 from kda_fuzz.engine.verdict import Verdict
@@ -45,7 +44,9 @@ from kda_fuzz.families.kda import scale as kda_scale
 from kda_fuzz.families.packed import invariance as packed_invariance
 from kda_fuzz.families.packed import judge as packed_judge
 from kda_fuzz.families.packed import pins
+from kda_fuzz.families.packed import summary as packed_summary
 from kda_fuzz.families.packed.judge import Fused, Reference, pow2
+from kda_fuzz.families.packed.knobs import KNOBS
 from kda_fuzz.families.packed.shrink import PackedDecodeShrinker
 
 SIGNATURE = (
@@ -168,7 +169,7 @@ CONTRACT = Contract(
     },
     reference_target="kda_fuzz_kernels.kda_decode:reference_kda_packed_decode",
     execution=ModuleExecution("kda_fuzz.execution.cpu"),
-    sizing=Sizing(),  # interpreted kernels on CPU: 2^13 elements, B*HV <= 32
+    knobs=KNOBS,  # its options and sizes (interpreted kernels on CPU: 2^13 elements)
     shrinker=PackedDecodeShrinker(gate_per_key=True, pow2_variants=HELION),
     summarize=packed_judge.layout_summary,  # a case's sizes, dtypes and strides in one line
     sizes=packed_judge.packed_sizes,
@@ -181,5 +182,8 @@ CONTRACT = Contract(
     judge_facts=True,  # judge(..., facts={}) says how a scale case was judged
     status=packed_judge.fused_status,  # says so when the fused GPU judge turned itself off
     report_notes=kda_scale.report_notes,
+    report_rows=packed_summary.report_rows,  # the rows its valid cases verified
+    report_json=packed_summary.report_json,
+    tally=packed_summary.tally,
     batch=packed_invariance.BATCH,
 )

@@ -33,6 +33,7 @@ from kda_fuzz.engine.contract import Unjudgeable
 from kda_fuzz.engine.verdict import Verdict
 from kda_fuzz.families.kda.layouts import KdaLayout, build, strided_arg
 from kda_fuzz.families.packed import judge as packed_judge
+from kda_fuzz.families.packed.summary import judged
 
 GRID_YZ = 65535  # blocks on CUDA grid axes y and z
 INT32 = 2**31  # elements past which int32 offsets wrap
@@ -591,19 +592,20 @@ def _untouched_verdict(case: Case, before: torch.Tensor, after: torch.Tensor,
 def report_notes(report: Any) -> list[str]:
     """The summary's line on the scale stratum: how its cases were judged, the largest
     sizes reached, its cost."""
-    if not report.judged:
+    how = judged(report)
+    if not how:
         return []
-    return [f"scale stratum: {report.judged.get('full', 0)} case(s) judged on every live row, "
-            f"{report.judged.get('sampled', 0)} on a sample of rows (first and last, the one "
+    return [f"scale stratum: {how.get('full', 0)} case(s) judged on every live row, "
+            f"{how.get('sampled', 0)} on a sample of rows (first and last, the one "
             "naming slot num_slots-1, those around 65,535/65,536 in B and B*HV order, the "
             "rest at random); every untouched cell checked bit-exactly" + _scale_figures(report)]
 
 
 def _scale_figures(report: Any) -> str:
     """`; largest B ..., ... s per case (6 % of the jobs' time)` for the scale note."""
-    big = report.scale_largest
+    big = report.peaks
     spent = report.stratum_seconds.get("scale", 0.0)
-    n = sum(report.judged.values())
+    n = sum(judged(report).values())
     total = sum(report.stratum_seconds.values())
     out = ""
     if big:

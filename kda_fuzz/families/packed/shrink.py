@@ -656,6 +656,12 @@ class PackedDecodeShrinker:
     def values(self, case: Case, ctx: ShrinkContext) -> Iterator[_Move]:
         return _value_moves(case, ctx.costs, ctx.size)
 
-    def rows(self, case: Case) -> int | None:
+    def notes(self, case: Case, notes: dict[str, Any]) -> dict[str, Any]:
+        """The batch size the layout recorded, now the minimized case's; its live rows
+        (the original's count) dropped."""
+        notes = dict(notes)
         qkv = case.tensors.get("mixed_qkv")
-        return qkv.shape[0] if qkv is not None and qkv.shape else None
+        if "rows" in notes and qkv is not None and qkv.shape:
+            notes["rows"] = qkv.shape[0]
+        notes.pop("live_rows", None)
+        return notes
