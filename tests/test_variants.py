@@ -155,7 +155,7 @@ def test_a_crash_under_other_configs_is_saved_to_run_under_them_again() -> None:
     died = Verdict("crash", "device-fault", "the device faulted: CUDA error: misaligned address",
                    extra={"config_alternative": 1})  # the supervisor's record of the call
     c = Campaign(get_contract("kda"), "triton", [load_target(TRITON)],
-                 options=CampaignOptions(max_examples=1, seed=5, **SMALL),
+                 options=CampaignOptions.of(max_examples=1, seed=5, **SMALL),
                  hard={(0, 0, 0): (0, died)})
     (f,) = c.run().failures
     assert f.case.notes["kernel_configs"] == {"index": 1, "seed": 5, "configs": {}}
