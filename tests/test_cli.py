@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.inprocess import kda_fuzz
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -20,6 +22,8 @@ def _run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
 
 
 def test_correct_target_exits_0_with_json_summary(tmp_path: Path) -> None:
+    """The console command as a process: its exit code, the JSON summary as the last line
+    of its stdout (the other campaigns here run the command in this process)."""
     r = _run("fuzz", "--target", "tests.mutants:correct_triton", "--contract", "triton",
              "--max-examples", "60", "--seed", "1", "--json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
@@ -33,12 +37,23 @@ def test_correct_target_exits_0_with_json_summary(tmp_path: Path) -> None:
     assert summary["valid_cases"] > 0 and summary["broken_cases"] > 0
 
 
-def test_buggy_target_exits_1_and_saves_into_corpus_found(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def pad_wrap_run(tmp_path_factory: pytest.TempPathFactory
+                 ) -> tuple[Path, subprocess.CompletedProcess]:
+    """One campaign against a planted bug, saving by default and writing a report: the two
+    tests below read what it left (its directory, its exit and output)."""
+    where = tmp_path_factory.mktemp("pad_wrap")
+    r = kda_fuzz("fuzz", "--target", "tests.mutants:pad_wrap", "--contract", "triton",
+                 "--max-examples", "150", "--seed", "1", "--json", "--shrink-seconds", "2",
+                 "--report", "rep", cwd=where)
+    return where, r
+
+
+def test_buggy_target_exits_1_and_saves_into_corpus_found(
+        pad_wrap_run: tuple[Path, subprocess.CompletedProcess]) -> None:
     """Without --corpus the minimized case goes to corpus/found under the current
     directory, where the pytest plugin collects it."""
-    r = _run("fuzz", "--target", "tests.mutants:pad_wrap", "--contract", "triton",
-             "--max-examples", "300", "--seed", "1", "--json", "--shrink-seconds", "5",
-             cwd=tmp_path)
+    tmp_path, r = pad_wrap_run
     assert r.returncode == 1, r.stderr
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     # the campaign keeps going: the wrapped padding row shows as distinct failures (the
@@ -53,7 +68,7 @@ def test_buggy_target_exits_1_and_saves_into_corpus_found(tmp_path: Path) -> Non
 
 
 def test_no_save_writes_no_corpus(tmp_path: Path) -> None:
-    r = _run("fuzz", "--target", "tests.mutants:pad_wrap", "--contract", "triton",
+    r = kda_fuzz("fuzz", "--target", "tests.mutants:pad_wrap", "--contract", "triton",
              "--max-examples", "60", "--seed", "1", "--json", "--no-save",
              "--shrink-seconds", "2", cwd=tmp_path)
     assert r.returncode == 1, r.stderr
@@ -90,7 +105,7 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_a_target_that_cannot_bind_the_arguments_is_named_and_nothing_is_saved(
         tmp_path: Path) -> None:
-    r = _run("fuzz", "--target", "tests.hostile_targets:three_arguments", cwd=tmp_path)
+    r = kda_fuzz("fuzz", "--target", "tests.hostile_targets:three_arguments", cwd=tmp_path)
     assert r.returncode == 2
     assert "three_arguments cannot take the kda contract's 11 arguments" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
@@ -101,8 +116,9 @@ def test_an_environment_failure_exits_2_and_is_no_verdict(tmp_path: Path) -> Non
     """A target whose execution machinery fails (here an interpreter gap, as the Triton
     interpreter raises for a libdevice function it cannot run) stops the campaign with an
     environment error; nothing is saved against the target."""
-    r = _run("fuzz", "--target", "tests.hostile_targets:interpreter_gap", "--contract",
-             "triton", "--max-examples", "40", "--seed", "1", "--valid-share", "1", cwd=tmp_path)
+    r = kda_fuzz("fuzz", "--target", "tests.hostile_targets:interpreter_gap", "--contract",
+                 "triton", "--max-examples", "40", "--seed", "1", "--valid-share", "1",
+                 cwd=tmp_path)
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert "environment error" in r.stderr and "not a verdict" in r.stderr
     assert not (tmp_path / "corpus").exists()
@@ -123,10 +139,9 @@ def test_parallel_jobs_survive_an_aborting_target_and_save_it(tmp_path: Path) ->
     assert saved and len(saved) == len(summary["saved"])
 
 
-def test_report_writes_one_self_contained_html_file(tmp_path: Path) -> None:
-    r = _run("fuzz", "--target", "tests.mutants:pad_wrap", "--contract", "triton",
-             "--max-examples", "100", "--seed", "1", "--no-save", "--shrink-seconds", "2",
-             "--report", str(tmp_path / "rep"), cwd=tmp_path)
+def test_report_writes_one_self_contained_html_file(
+        pad_wrap_run: tuple[Path, subprocess.CompletedProcess]) -> None:
+    tmp_path, r = pad_wrap_run
     assert r.returncode == 1, r.stderr
     [page] = (tmp_path / "rep").glob("*.html")
     html = page.read_text()

@@ -17,6 +17,7 @@ import pytest
 
 from kda_fuzz.config import AmbiguousTargets, choose_campaign, load_config
 from kda_fuzz.names import FAMILIES
+from tests.inprocess import kda_fuzz
 
 pytest_plugins = ["pytester"]
 
@@ -217,10 +218,10 @@ def test_merge_exits_1_on_bad_files(tmp_path: Path) -> None:
     src = tmp_path / "in"
     src.mkdir()
     shutil.copy(BROKEN, src / BROKEN.name)
-    r = _run("merge", str(tmp_path / "out"), str(src))
+    r = kda_fuzz("merge", str(tmp_path / "out"), str(src))
     assert r.returncode == 0, r.stderr
     (src / "contract-truncated.json").write_text('{"schema": 2, "kind": "contr')
-    r = _run("merge", str(tmp_path / "out"), str(src))
+    r = kda_fuzz("merge", str(tmp_path / "out"), str(src))
     assert r.returncode == 1 and "BAD" in r.stdout and "1 bad" in r.stdout
     assert (tmp_path / "out" / BROKEN.name).is_file()
 
@@ -267,7 +268,7 @@ def test_the_summary_table_does_not_cut_target_names() -> None:
 
 
 def test_show_prints_layout_verdict_and_reproduction() -> None:
-    r = _run("show", str(KDA_FILE))
+    r = kda_fuzz("show", str(KDA_FILE))
     assert r.returncode == 0, r.stderr
     for part in ("kda/triton (mismatch)", "layout:      B=1 H=1 HV=1 K=1 V=1",
                  "[mismatch] untouched-state-written", "contract now: it accepts the layout",
@@ -280,7 +281,7 @@ def test_show_prints_layout_verdict_and_reproduction() -> None:
 @pytest.mark.parametrize("path", [KDA_FILE, pytest.param(BROKEN, marks=pytest.mark.slow)])
 def test_show_python_writes_a_script_that_reproduces_the_failure(path: Path,
                                                                  tmp_path: Path) -> None:
-    r = _run("show", "--python", str(path))
+    r = kda_fuzz("show", "--python", str(path))
     assert r.returncode == 0, r.stderr
     script = tmp_path / "repro.py"
     script.write_text(r.stdout)
@@ -289,7 +290,7 @@ def test_show_python_writes_a_script_that_reproduces_the_failure(path: Path,
                          text=True, timeout=600)
     assert ran.returncode == 1 and "REPRODUCED: [" in ran.stdout, (ran.stdout, ran.stderr)
     # the same script against the reference: the failure is gone
-    r = _run("show", "--python", "--target", REFERENCE, str(path))
+    r = kda_fuzz("show", "--python", "--target", REFERENCE, str(path))
     script.write_text(r.stdout)
     ran = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=600)

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +15,7 @@ from kda_fuzz.corpus.store import load_case, save_failure
 from kda_fuzz.engine.verdict import Verdict
 from kda_fuzz.families import get_contract
 from tests import mutants
+from tests.inprocess import kda_fuzz
 
 KDA = get_contract("kda")
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,9 +136,7 @@ def test_stale_when_the_contract_now_prescribes_another_outcome() -> None:
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "kda_fuzz", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    return kda_fuzz(*args)  # in this process (tests/inprocess.py)
 
 
 def test_merge_command(shards: tuple[list[Path], set[tuple]], tmp_path: Path) -> None:
