@@ -13,6 +13,9 @@ import pytest
 from tests.inprocess import kda_fuzz
 
 ROOT = Path(__file__).resolve().parents[1]
+# --budget of the campaigns whose layouts' size is not what they test: a plain torch target
+# on cpu otherwise draws layouts of up to 2^18 elements (float64 reference included)
+SMALL = "4096"
 
 
 def _run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
@@ -45,7 +48,7 @@ def pad_wrap_run(tmp_path_factory: pytest.TempPathFactory
     where = tmp_path_factory.mktemp("pad_wrap")
     r = kda_fuzz("fuzz", "--target", "tests.mutants:pad_wrap", "--contract", "triton",
                  "--max-examples", "150", "--seed", "1", "--json", "--shrink-seconds", "2",
-                 "--report", "rep", cwd=where)
+                 "--budget", SMALL, "--report", "rep", cwd=where)
     return where, r
 
 
@@ -69,8 +72,8 @@ def test_buggy_target_exits_1_and_saves_into_corpus_found(
 
 def test_no_save_writes_no_corpus(tmp_path: Path) -> None:
     r = kda_fuzz("fuzz", "--target", "tests.mutants:pad_wrap", "--contract", "triton",
-             "--max-examples", "60", "--seed", "1", "--json", "--no-save",
-             "--shrink-seconds", "2", cwd=tmp_path)
+                 "--max-examples", "60", "--seed", "1", "--json", "--no-save",
+                 "--shrink-seconds", "2", "--budget", SMALL, cwd=tmp_path)
     assert r.returncode == 1, r.stderr
     assert json.loads(r.stdout.strip().splitlines()[-1])["saved"] == []
     assert not (tmp_path / "corpus").exists()

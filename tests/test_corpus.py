@@ -756,6 +756,7 @@ def test_fuzz_saves_a_minimized_failure_that_replays(
     corpus = tmp_path / "found"
     code = cli_main(["fuzz", "--target", "tests.mutants:typo_check_10", "--contract", "triton",
                      "--seed", "3", "--max-examples", "300", "--shrink-seconds", "5",
+                     "--budget", "4096",  # small valid layouts: the bug is a message
                      "--corpus", str(corpus), "--json"])
     assert code == 1
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

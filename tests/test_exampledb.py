@@ -132,8 +132,9 @@ def test_database_entries_are_kept_the_way_hypothesis_keeps_its_own(tmp_path: Pa
     key = campaign_key("kda", "triton", [MUTANT])
     buggy = Target(MUTANT, mutants.rank_check_and)
     # seed 4 draws rank_check_and's failures in 80 examples of the interleaved plan (3 distinct;
-    # seeds 1, 2 and 7 draw none)
-    report = campaign(KDA, "triton", [buggy], max_examples=80, seed=4, max_failures=100)
+    # seeds 1, 2 and 7 draw none); small valid layouts (budget): the bugs are in the checks
+    report = campaign(KDA, "triton", [buggy], max_examples=80, seed=4, max_failures=100,
+                      budget=1 << 12)
     assert report.failures
     n = len(report.failures)
     assert save_failures(db, key, report.failures, seed=1, shard="1/4") == n
@@ -146,7 +147,8 @@ def test_database_entries_are_kept_the_way_hypothesis_keeps_its_own(tmp_path: Pa
     assert {f.signature for f in replay.failures} == {f.signature for f in report.failures}
     assert len(list(db.fetch(key))) == n and len(list(db.fetch(secondary(key)))) == n
     # the campaign found them again: counted as repeats of the replayed ones, kept first
-    again = campaign(KDA, "triton", [buggy], max_examples=80, seed=4, max_failures=100)
+    again = campaign(KDA, "triton", [buggy], max_examples=80, seed=4, max_failures=100,
+                     budget=1 << 12)
     new = merge_replayed(again, replay.failures)
     assert new == [] and again.failures == replay.failures
     counts = {f.signature: f.count for f in report.failures}  # + the 2 replayed entries

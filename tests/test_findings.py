@@ -3,21 +3,18 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 from kda_fuzz.engine.verdict import Verdict, masked
 from kda_fuzz.families.kda.contract import CONTRACT as KDA
+from tests.inprocess import kda_fuzz
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _fuzz(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "kda_fuzz", "fuzz", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
+    return kda_fuzz("fuzz", *args, cwd=cwd)  # in this process (tests/inprocess.py)
 
 
 def _summary(r: subprocess.CompletedProcess) -> dict:

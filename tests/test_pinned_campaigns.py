@@ -4,9 +4,7 @@ kda_fuzz_unsupported, [tool.kda-fuzz.unsupported])."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +12,7 @@ import pytest
 from kda_fuzz.campaign.runner import plan
 from kda_fuzz.families import get_contract
 from kda_fuzz.families.packed.pins import PinError, parse_layout, restrictions
+from tests.inprocess import kda_fuzz
 
 ROOT = Path(__file__).resolve().parents[1]
 KDA = get_contract("kda")
@@ -43,10 +42,8 @@ def test_plan_gives_pinned_layouts_their_share():
 
 
 def _fuzz(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "kda_fuzz", "fuzz", "--contract", "triton",
-                           "--json", "--no-save", "--seed", "1", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=900)
+    return kda_fuzz("fuzz", "--contract", "triton", "--json", "--no-save", "--seed", "1",
+                    *args, cwd=cwd)  # in this process (tests/inprocess.py)
 
 
 def test_a_bug_at_a_pinned_shape_is_found():
@@ -108,18 +105,13 @@ def test_seed_layouts_run_first_as_they_are(tmp_path: Path) -> None:
     assert rep.seeds == 1 and rep.examples == 1 and rep.failures
     assert rep.failures[0].found_example == 1 and rep.failures[0].case.describe() == \
         case.describe()
-    r = subprocess.run([sys.executable, "-m", "kda_fuzz", "fuzz", "--target",
-                        "tests.mutants:correct_triton", "--contract", "triton", "--seed-layouts",
-                        str(seeds), "--max-examples", "3", "--seed", "1", "--no-save",
-                        "--json"], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                       capture_output=True, text=True, timeout=600)
+    r = kda_fuzz("fuzz", "--target", "tests.mutants:correct_triton", "--contract", "triton",
+                 "--seed-layouts", str(seeds), "--max-examples", "3", "--seed", "1",
+                 "--no-save", "--json")
     assert r.returncode == 0, r.stderr[-2000:]
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     assert summary["seed_layouts"] == 1 and summary["examples"] == 4
     assert any("1 corpus case(s) run first" in n and "1 file(s) of other families" in n
                for n in summary["notes"]), summary["notes"]
-    bad = subprocess.run([sys.executable, "-m", "kda_fuzz", "fuzz", "--seed-layouts",
-                          str(tmp_path / "nowhere"), "--contract", "triton"], cwd=ROOT,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
-                         text=True, timeout=600)
+    bad = kda_fuzz("fuzz", "--seed-layouts", str(tmp_path / "nowhere"), "--contract", "triton")
     assert bad.returncode == 2 and "no such file or folder" in bad.stderr, bad.stderr

@@ -83,7 +83,10 @@ def test_a_project_that_does_not_opt_in_is_left_alone(pytester: pytest.Pytester)
     assert ".json" not in out and "kda-fuzz: active" not in out
 
 
-@pytest.mark.parametrize("how", ["pyproject", "ini", "-p", "-p no autoload"])
+# the configured project and the plugin named by module stay in the fast tier; the ini
+# option and the entry point's name (a session each, torch imported) run in the slow tier
+@pytest.mark.parametrize("how", ["pyproject", pytest.param("ini", marks=pytest.mark.slow),
+                                 pytest.param("-p", marks=pytest.mark.slow), "-p no autoload"])
 def test_opting_in_collects_the_corpus_and_scopes_gpu_tests(pytester: pytest.Pytester,
                                                             how: str) -> None:
     """``-p kda_fuzz`` names the installed entry point; ``-p kda_fuzz.plugin`` is for

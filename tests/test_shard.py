@@ -17,6 +17,7 @@ from kda_fuzz.campaign.runner import Campaign, CampaignOptions, Target, fingerpr
 from kda_fuzz.campaign.shard import Shard, assign, examples_of, parse_shard, positions
 from kda_fuzz.engine.verdict import Verdict
 from kda_fuzz.families import get_contract
+from tests.inprocess import kda_fuzz
 
 KDA = get_contract("kda")
 ROOT = Path(__file__).resolve().parents[1]
@@ -162,7 +163,7 @@ def test_four_shards_find_what_one_campaign_finds(tmp_path: Path) -> None:
 
 
 def test_text_summary_names_the_share(tmp_path: Path) -> None:
-    r = _run("fuzz", "--target", "tests.mutants:correct_triton", "--contract", "triton",
-             "--max-examples", "20", "--shard", "2/3", "--no-isolate", cwd=tmp_path)
+    r = kda_fuzz("fuzz", "--target", "tests.mutants:correct_triton", "--contract", "triton",
+                 "--max-examples", "20", "--shard", "2/3", "--no-isolate", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "shard 2/3: 20 of the campaign's 60 examples (seed 0" in " ".join(r.stdout.split())

@@ -82,8 +82,9 @@ def test_a_crash_costs_one_restart_and_the_campaign_covers_the_same_examples() -
 
 
 def test_distinct_failures_are_kept_until_max_failures() -> None:
+    # small layouts (budget): what is counted here does not depend on their size
     rep = campaign(KDA, "triton", [load_target("tests.mutants:pad_wrap")], max_examples=300,
-                   seed=1, max_failures=20)
+                   seed=1, max_failures=20, budget=1 << 12)
     whats = [f.verdict.what for f in rep.failures]
     # the wrapped write shows as its padding row, as the slot it wrote, and as the live
     # slot's value when the wrapped-to slot was live: distinct failures, each kept once
@@ -91,7 +92,7 @@ def test_distinct_failures_are_kept_until_max_failures() -> None:
     assert len(set(whats)) == len(whats) and rep.examples == 300
     assert sum(f.count for f in rep.failures) > len(whats)
     one = campaign(KDA, "triton", [load_target("tests.mutants:pad_wrap")], max_examples=300,
-                   seed=1, max_failures=1)
+                   seed=1, max_failures=1, budget=1 << 12)
     assert len(one.failures) == 1 and one.examples < 300
 
 
