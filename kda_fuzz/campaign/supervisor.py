@@ -259,7 +259,9 @@ def _run_job(job: Job, conn: Any, stop: Any, record: Any) -> None:
         if not device.startswith("cuda") and contract.execution is not None:
             contract.execution.configure_cpu()
         # the jobs share the host's cores: no job's torch ops may spread over all of them
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // job.jobs))
+        # (nor past the threads the process was started with: an OMP_NUM_THREADS holds)
+        torch.set_num_threads(max(1, min(torch.get_num_threads(),
+                                         (os.cpu_count() or 1) // job.jobs)))
         targets = [load_target(t) for t in job.targets]
         peers = [load_target(p) for p in job.peers]
         if job.wrap is not None:
