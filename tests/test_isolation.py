@@ -82,16 +82,20 @@ def test_no_false_timeout_after_the_parent_used_torch_threads() -> None:
 
     import torch
 
-    torch.set_num_threads(max(2, torch.get_num_threads()))
-    torch.randn(1 << 22).sum()  # the parent's pool is running now
-    p = KdaLayout(B=65, H=1, HV=2, K=16, V=64, spare_slots=23, qkv_dtype=torch.bfloat16,
-                  ab_dtype=torch.bfloat16, out_dtype=torch.bfloat16,
-                  state_dtype=torch.bfloat16, seed=3)
-    case = build(p, "helion")
-    t = time.monotonic()
-    reference = "kda_fuzz_kernels.kda_decode:reference_kda_packed_decode"
-    with IsolatedTarget(KDA, reference, timeout=30) as iso:
-        outcome = iso.run(case)
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(2, before))
+    try:
+        torch.randn(1 << 22).sum()  # the parent's pool is running now
+        p = KdaLayout(B=65, H=1, HV=2, K=16, V=64, spare_slots=23, qkv_dtype=torch.bfloat16,
+                      ab_dtype=torch.bfloat16, out_dtype=torch.bfloat16,
+                      state_dtype=torch.bfloat16, seed=3)
+        case = build(p, "helion")
+        t = time.monotonic()
+        reference = "kda_fuzz_kernels.kda_decode:reference_kda_packed_decode"
+        with IsolatedTarget(KDA, reference, timeout=30) as iso:
+            outcome = iso.run(case)
+    finally:  # the session's own share of the cores again (conftest.py)
+        torch.set_num_threads(before)
     assert outcome.status in ("pass", "skip"), outcome.verdict
     assert time.monotonic() - t < 30
 
