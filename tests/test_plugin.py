@@ -120,25 +120,22 @@ def test_corpus_replays_against_the_users_configured_kernel(pytester: pytest.Pyt
         "*no replay target is configured for the kda/triton variant; the file was "
         "recorded against mykernel:buggy*",
         "*[[]tool.kda-fuzz.targets.kda]*", '*triton = [[]"mykernel:buggy"]*'])
-    # Configured: the planted bug fails the item ...
-    (pytester.path / "pyproject.toml").write_text(
-        "[tool.kda-fuzz]\n[tool.kda-fuzz.targets.kda]\ntriton = ['mykernel:buggy']\n")
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
-    result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines([f"*corpus file *{corpus.name}*",
-                                 "*layout: B=2 H=1 HV=2 K=4 V=4*",
-                                 "*mykernel:buggy: [[]mismatch] out-value*worst element out[[]*"])
-    # ... the fixed kernel passes, with a warning: it is not the kernel the file recorded.
+    # Configured: the configured kernel is the one replayed (here the fixed one, which
+    # passes with a warning: it is not the kernel the file recorded) ...
     (pytester.path / "pyproject.toml").write_text(
         "[tool.kda-fuzz]\n[tool.kda-fuzz.targets.kda]\ntriton = ['mykernel:fixed']\n")
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=1, warnings=1)
     result.stdout.fnmatch_lines(["*CorpusOriginWarning*recorded against mykernel:buggy, "
                                  "replayed against mykernel:fixed*"])
-    # --kda-corpus-target overrides the configuration.
+    # ... and --kda-corpus-target overrides the configuration: the planted bug fails the
+    # item (a configured buggy kernel failing it: test_cli_front's short-summary test)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider",
                                            "--kda-corpus-target", "mykernel:buggy")
     result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([f"*corpus file *{corpus.name}*",
+                                 "*layout: B=2 H=1 HV=2 K=4 V=4*",
+                                 "*mykernel:buggy: [[]mismatch] out-value*worst element out[[]*"])
 
 
 # ------------------------------------------------------------------ config
