@@ -21,7 +21,7 @@ def kda_fuzz(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     from kda_fuzz.cli import main
 
     out, err = io.StringIO(), io.StringIO()
-    here, path = Path.cwd(), list(sys.path)
+    here, path, loaded = Path.cwd(), list(sys.path), set(sys.modules)
     os.chdir(cwd)
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -29,5 +29,18 @@ def kda_fuzz(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     finally:  # the command puts its directory on sys.path (targets): not the session's
         os.chdir(here)
         sys.path[:] = path
+        _forget_modules_of(Path(cwd).resolve(), set(sys.modules) - loaded)
     return subprocess.CompletedProcess(["kda-fuzz", *args], code, out.getvalue(),
                                        err.getvalue())
+
+
+def _forget_modules_of(directory: Path, names: set[str]) -> None:
+    """A user project's modules (``my_project.decode``) are not the session's: another
+    test's project may have its own module of that name. This repository's own modules
+    stay (other tests hold them)."""
+    if directory.is_relative_to(ROOT):
+        return
+    for name in names:
+        where = getattr(sys.modules.get(name), "__file__", None)
+        if where and Path(where).resolve().is_relative_to(directory):
+            del sys.modules[name]

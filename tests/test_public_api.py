@@ -22,6 +22,7 @@ from kda_fuzz.families import get_contract
 from kda_fuzz.strategies import breakages, broken_layouts, valid_layouts
 from kda_fuzz_kernels.kda_decode import reference_kda_packed_decode
 from tests import mutants
+from tests.inprocess import kda_fuzz as kda_fuzz_command
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = settings(max_examples=30, deadline=None, database=None,
@@ -171,15 +172,13 @@ def test_user_guide_example_from_outside_the_package(tmp_path):
     assert "saved the failing case" in r.stdout
     files = sorted(found.glob("*.json"))
     assert len(files) == 1, r.stdout[-3000:]
-    env = {**os.environ, "PYTHONPATH": str(bad)}
-    replay = [sys.executable, "-m", "kda_fuzz", "replay", "--contract", "triton"]
-    r = subprocess.run([*replay, "--target", "my_project.decode:decode", str(files[0])],
-                       cwd=bad, env=env, capture_output=True, text=True, timeout=600)
+    replay = ("replay", "--contract", "triton")  # in this process (tests/inprocess.py)
+    r = kda_fuzz_command(*replay, "--target", "my_project.decode:decode", str(files[0]),
+                         cwd=bad)
     assert r.returncode == 1, r.stdout + r.stderr
-    r = subprocess.run([*replay, "--target",
-                        "kda_fuzz_kernels.kda_decode:reference_kda_packed_decode",
-                        str(files[0])], cwd=bad, env=env, capture_output=True, text=True,
-                       timeout=600)
+    r = kda_fuzz_command(*replay, "--target",
+                         "kda_fuzz_kernels.kda_decode:reference_kda_packed_decode",
+                         str(files[0]), cwd=bad)
     assert r.returncode == 0, r.stdout + r.stderr
 
 
