@@ -36,6 +36,9 @@ FAMILY_WORDS = re.compile(
     r"use_qk_l2norm_in_kernel|num_slots|slots?|HV|B\*HV|B·HV|packed|[Hh]elion|[Tt]riton|"
     r"gdn|GDN|KDA|kda(?![-_]fuzz)|kda_decode|gdn_decode|_execution|"
     # the packed families' sizes and the facts they add to a summary (their knobs)
+    # (and a 'rows' key, rows x heads, state elements: the word rows alone is an HTML
+    # table's too)
+    r"(?<=')rows?(?=')|rows?\s+x\s+heads?|state\s+elements?|"
     r"max_b|max_bhv|bucket\w*|budget_bytes|tail_rows|live_rows|valid_rows|stratum_rows|"
     r"scale_largest|scale_judged|scale_sizes|judged_mode|scale_share|"
     r"scale_budget|per_row_head)\b")

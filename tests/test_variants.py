@@ -174,3 +174,17 @@ def test_variants_past_the_cap_are_counted_together() -> None:
         report.ran("t", [Variant(f"k[{i}]", "k")], case, lambda c: "layout")
     seen = report.variants["t"]
     assert len(seen) == runner.VARIANTS + 1 and seen[runner.MORE_VARIANTS].count == 5
+
+
+def test_a_findings_kernel_configs_are_part_of_its_typed_judging() -> None:
+    """The configs a finding under other configs ran travel in the judging policy's typed
+    view (the oracle reads them there), stored in the notes as ``kernel_configs``."""
+    from kda_fuzz.engine.case import Judging
+    from kda_fuzz.families.kda.layouts import KdaLayout, build
+
+    case = build(KdaLayout(B=2, H=1, HV=1, K=4, V=4, seed=1), "triton")
+    saved = {"index": 1, "seed": 5, "configs": {"_decode": {"num_warps": 2}}}
+    marked = Judging(strict=True, configs=saved).mark(case)
+    assert marked.notes["kernel_configs"] == saved and marked.notes["strict"] is True
+    assert Judging.of(marked) == Judging(strict=True, configs=saved)
+    assert Judging.of(case).configs is None and "kernel_configs" not in case.notes

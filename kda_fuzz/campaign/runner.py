@@ -898,7 +898,7 @@ class Campaign:
             if alt is not None:  # it died under other configs: the file re-runs them
                 saved = {"index": int(alt), "seed": self.options.seed or 0,
                          "configs": {k: {} for k in self._configurable(self.targets[index])}}
-                case = replace(case, notes={**case.notes, configs.NOTE: saved})
+                case = Judging(configs=saved).mark(case)
                 verdict = under_configs(verdict, saved)
             self._failed(case.on("cpu"), verdict, self.targets[index], confirmed=True)
             self.steering.observe(self._stratum, case, fault=True)
@@ -1097,7 +1097,7 @@ class Campaign:
                 self.report.config_runs += 1
                 if outcome.status == "fail" and outcome.verdict is not None:
                     saved = configs.note(alt)
-                    marked = replace(case, notes={**case.notes, configs.NOTE: saved})
+                    marked = Judging(configs=saved).mark(case)
                     self._failed(marked, under_configs(outcome.verdict, saved), target,
                                  pos=pos, index=index)
                     return

@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from kda_fuzz.execution.configs import NOTE
+
 
 def footprint(shape: Sequence[int], stride: Sequence[int], offset: int = 0) -> int:
     """Base elements a view of ``shape``/``stride`` at ``offset`` can reach (0 if empty)."""
@@ -94,31 +96,38 @@ class Case:
         return "; ".join(parts)
 
 
+CONFIGS_NOTE = NOTE  # the notes key of a finding's kernel configs (execution.configs)
+
+
 @dataclass(frozen=True)
 class Judging:
     """How a case is judged beyond its contract: the policy of the campaign that found it
     (``strict``: the hardened contract; ``messages="class"``: any message of the right
     exception), and the mode that found it (``invariance="bitwise"``: its rows re-run in
     other batches must equal the whole batch's bit for bit; ``graph``: replayed from a
-    CUDA graph). It lives in the case's notes (its corpus file's ``notes``), so that a
-    replay judges the case the way it was found; this is their one typed view."""
+    CUDA graph; ``configs``: the kernel configs a finding under other configs ran,
+    ``--helion-configs``, replayed under them). It lives in the case's notes (its corpus
+    file's ``notes``; ``configs`` as ``kernel_configs``), so that a replay judges the case
+    the way it was found; this is their one typed view."""
 
     strict: bool = False
     messages: str | None = None
     invariance: str | None = None
     graph: bool = False
+    configs: dict[str, Any] | None = None
 
     @classmethod
     def of(cls, case: Case) -> Judging:
         """The policy the case's notes record (the defaults where they record none)."""
         n = case.notes
         return cls(bool(n.get("strict")), n.get("messages"), n.get("invariance"),
-                   bool(n.get("graph")))
+                   bool(n.get("graph")), n.get(CONFIGS_NOTE) or None)
 
     def notes(self) -> dict[str, Any]:
         """The notes that record this policy (what differs from the defaults)."""
         return {k: v for k, v in (("strict", self.strict), ("messages", self.messages),
-                                  ("invariance", self.invariance), ("graph", self.graph))
+                                  ("invariance", self.invariance), ("graph", self.graph),
+                                  (CONFIGS_NOTE, self.configs))
                 if v}
 
     def mark(self, case: Case) -> Case:

@@ -80,14 +80,16 @@ class Unjudgeable(Exception):
 
 @dataclass(frozen=True)
 class BatchInvariance:
-    """How a family re-runs a valid case's rows in other batches (a row's result must not
-    depend on the rest of its batch): ``sub_batches(case)`` gives ``(name, sub_case,
-    rows)`` (the sub-case's row ``j`` is the case's row ``rows[j]``), ``differs(case,
-    full, sub_case, sub, rows)`` where the outputs (the call's arguments after it) of the
-    two differ bitwise, in words (None: nowhere)."""
+    """How a family re-runs a valid case's batch members in other batches (a member's
+    result must not depend on the rest of its batch): ``sub_batches(case)`` gives
+    ``(name, sub_case, members)`` (the sub-case's member ``j`` is the case's member
+    ``members[j]``), ``differs(case, full, sub_case, sub, members)`` where the outputs
+    (the call's arguments after it) of the two differ bitwise, in words (None: nowhere);
+    ``unit`` names a member in the verdict's words (e.g. ``"rows"``)."""
 
     sub_batches: Callable[[Case], list[tuple[str, Case, list[int]]]]
     differs: Callable[[Case, dict[str, Any], Case, dict[str, Any], list[int]], str | None]
+    unit: str
 
 
 @dataclass(frozen=True)

@@ -173,7 +173,7 @@ def run_case(contract: Contract, case: Case, target: Callable[..., Any], *,
         return Outcome("skip", exp, note=OUT_OF_MEMORY)
     error: BaseException | None = None
     result: Any = None
-    saved = case.notes.get(configs.NOTE) if exp.ok else None  # a finding under other configs
+    saved = policy.configs if exp.ok else None  # a finding under other configs
     with (guard or contextlib.nullcontext)(), variants.recording() as ran, \
             (configs.pinned(saved) if saved else contextlib.nullcontext()):
         alt = configs.active()
@@ -257,7 +257,7 @@ def batch_variance(contract: Contract, case: Case, target: Callable[..., Any], *
                    kwargs: dict[str, Any] | None = None,
                    guard: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
                    ) -> Outcome:
-    """Run a valid case's sub-batches (``contract.batch``) and compare their rows with
+    """Run a valid case's sub-batches (``contract.batch``) and compare their members with
     the full batch's bitwise: ``fail`` with a ``batch-variant`` verdict where they differ.
     ``kwargs``: the full batch's arguments after a call already made. A sub-batch the
     target raises on is left to the campaign's own judging (each is a valid case)."""
@@ -267,21 +267,22 @@ def batch_variance(contract: Contract, case: Case, target: Callable[..., Any], *
         kwargs, _ = case.materialize()
         with (guard or contextlib.nullcontext)():
             target(*call_args(contract, kwargs))
-    for name, sub_case, rows in contract.batch.sub_batches(case):
+    unit = contract.batch.unit
+    for name, sub_case, members in contract.batch.sub_batches(case):
         sub, _ = sub_case.materialize()
         try:
             with (guard or contextlib.nullcontext)():
                 target(*call_args(contract, sub))
         except Exception:  # judged as a case of its own, not here
             continue
-        where = contract.batch.differs(case, kwargs, sub_case, sub, rows)
+        where = contract.batch.differs(case, kwargs, sub_case, sub, members)
         if where is not None:
             return Outcome("fail", exp, Verdict(
                 "mismatch", "batch-variant",
-                f"rows re-run {'alone' if name == 'alone' else 'in another order'} "
-                f"({name}: rows {rows[:8]}{'...' if len(rows) > 8 else ''}) differ bitwise "
-                f"from the same rows of the whole batch: {where}",
-                extra={"sub_batch": name, "rows": rows[:64]}))
+                f"{unit} re-run {'alone' if name == 'alone' else 'in another order'} "
+                f"({name}: {unit} {members[:8]}{'...' if len(members) > 8 else ''}) differ "
+                f"bitwise from the same {unit} of the whole batch: {where}",
+                extra={"sub_batch": name, unit: members[:64]}))
     return Outcome("pass", exp)
 
 

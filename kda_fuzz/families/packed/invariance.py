@@ -86,6 +86,6 @@ def _first(a: torch.Tensor, b: torch.Tensor) -> str:
     return f"element {at}: {fa[at].item()!r} in the full batch, {fb[at].item()!r} in the sub-batch"
 
 
-BATCH = BatchInvariance(sub_batches, differs)
+BATCH = BatchInvariance(sub_batches, differs, unit="rows")
 
 __all__ = ["BATCH", "ROWS", "differs", "sub_batches"]
