@@ -753,6 +753,12 @@ def _wrap_up(args: argparse.Namespace, contract: Any, report: Any, new: list[Any
             f"also run under other configs of their Helion kernels: {report.config_runs} "
             f"run(s) judged, {skipped} config(s) skipped (they do not compile or run here)"
             + ("".join(f"; {n} x {c}" for c, n in report.config_skips.most_common(3))))
+        if report.config_adjusted:
+            report.notes.append(
+                f"--helion-configs: {report.config_adjusted} run(s) used pointer indexing where "
+                "the drawn config had tensor descriptors: the call's tensors were not 16-byte "
+                "aligned, and Helion does not check a descriptor's base address (a kernel "
+                "autotuned to such a config faults on such calls, whatever its code)")
     if corpus and report.failures:
         _save(report, contract, corpus, args, done=saver.settled)
     if share is not None:

@@ -119,6 +119,16 @@ def test_a_bug_of_one_helion_config_is_found_saved_with_it_and_replayed(tmp_path
     again = _cli("replay", "--target", BUG, "--contract", "helion", f["saved"])
     assert again.returncode == 1 and "FAIL" in again.stdout, again.stdout + again.stderr
     assert "under other kernel configs" in again.stdout
+    # the debugger's script calls the kernel under the recorded configs too
+    script = tmp_path / "repro.py"
+    shown = _cli("show", "--python", f["saved"], "--target", BUG)
+    assert shown.returncode == 0, shown.stderr
+    script.write_text(shown.stdout)
+    ran = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert "under the recorded kernel configs: _decode: " in ran.stdout, ran.stdout + ran.stderr
+    assert ran.returncode == 1 and "REPRODUCED" in ran.stdout, ran.stdout + ran.stderr
 
 
 @pytest.mark.slow
@@ -188,3 +198,35 @@ def test_a_findings_kernel_configs_are_part_of_its_typed_judging() -> None:
     assert marked.notes["kernel_configs"] == saved and marked.notes["strict"] is True
     assert Judging.of(marked) == Judging(strict=True, configs=saved)
     assert Judging.of(case).configs is None and "kernel_configs" not in case.notes
+
+
+class _Gpu:
+    """A stand-in for a CUDA tensor: what configs.fit_to_call reads of one."""
+
+    def __init__(self, address: int) -> None:
+        self.device = torch.device("cuda", 0) if torch.cuda.is_available() else \
+            type("D", (), {"type": "cuda"})()
+        self.address = address
+
+    def data_ptr(self) -> int:
+        return self.address
+
+
+def test_tensor_descriptor_configs_run_as_pointer_indexing_on_misaligned_gpu_tensors() -> None:
+    pytest.importorskip("helion")
+    import helion
+
+    from kda_fuzz.execution.configs import fit_to_call
+
+    drawn = helion.Config(num_warps=4, indexing=["pointer", "tensor_descriptor", "block_ptr"])
+    aligned, misaligned = _Gpu(4096), _Gpu(4096 + 8)
+    same, why = fit_to_call(drawn, [aligned, torch.zeros(3)], ["x", "y"])
+    assert same is drawn and why == ""  # aligned GPU tensors (and CPU ones) keep it
+    fitted, why = fit_to_call(drawn, [aligned, misaligned], ["mixed_qkv", "initial_state"])
+    assert fitted.config["indexing"] == ["pointer", "pointer", "block_ptr"]
+    assert fitted.config["num_warps"] == 4  # the rest of the drawn config still runs
+    assert "initial_state" in why and "mixed_qkv" not in why and "16-byte" in why
+    plain = helion.Config(num_warps=2, indexing="tensor_descriptor")
+    assert fit_to_call(plain, [misaligned])[0].config["indexing"] == "pointer"
+    # on CPU nothing is fitted: the interpreter has no alignment rule
+    assert fit_to_call(drawn, [torch.zeros(4)[1:]])[0] is drawn

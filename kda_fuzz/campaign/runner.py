@@ -180,6 +180,7 @@ class Report:
     # the runs judged, and the configs skipped (they do not compile or run here) by cause
     config_checks: int = 0
     config_runs: int = 0
+    config_adjusted: int = 0  # runs whose drawn config was fitted to the call (configs.fit_to_call)
     config_skips: Counter = field(default_factory=Counter)
     # the contract (its tally and summary hooks); None: the registered one of that name
     family: Contract | None = field(default=None, repr=False, compare=False)
@@ -187,7 +188,8 @@ class Report:
     COUNTERS = ("examples", "valid_cases", "broken_cases", "skipped", "seeds", "batch_checks",
                 "graph_checks", "sanitize_sampled", "sanitized", "sanitize_failed",
                 "sanitize_seconds", "compiles", "compiling_seconds", "startup_seconds",
-                "unexecutable", "unexecutable_valid", "config_checks", "config_runs")
+                "unexecutable", "unexecutable_valid", "config_checks", "config_runs",
+                "config_adjusted")
 
     def contract_hooks(self) -> Contract | None:
         """The contract whose hooks count and summarize the family's facts (``family``,
@@ -373,6 +375,7 @@ class Report:
             "variants": self.variants_json(),
             "unrun_variants": self.unrun_variants(),
             "kernel_configs": {"examples": self.config_checks, "runs": self.config_runs,
+                               "adjusted": self.config_adjusted,
                                "skipped": sum(self.config_skips.values()),
                                "skip_causes": dict(self.config_skips)},
             "failures": len(self.failures),
@@ -1095,6 +1098,7 @@ class Campaign:
                 if not alt.used:
                     break  # it launched no configurable kernel this time
                 self.report.config_runs += 1
+                self.report.config_adjusted += bool(alt.adjusted)
                 if outcome.status == "fail" and outcome.verdict is not None:
                     saved = configs.note(alt)
                     marked = Judging(configs=saved).mark(case)

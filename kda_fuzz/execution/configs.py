@@ -53,6 +53,7 @@ class Alternative:
     used: dict[str, dict[str, Any]] = field(default_factory=dict)  # kernel -> values run
     exhausted: bool = False  # a kernel has no alternative number ``index``
     unavailable: str = ""  # why a config could not run (ConfigUnavailable)
+    adjusted: str = ""  # how a drawn config was fitted to the call (see fit_to_call)
 
 
 _active: contextvars.ContextVar[Alternative | None] = contextvars.ContextVar(
@@ -201,8 +202,61 @@ def choose(bound: Any, default: Any, args: Sequence[Any]) -> Any:
             alt.exhausted = True
             raise ConfigUnavailable(f"{name} has {len(options)} other config(s) here")
         config = options[alt.index]
+        config, alt.adjusted = fit_to_call(config, args, _parameters(bound))
     alt.used[name] = {k: _plain(v) for k, v in dict(config.config).items()}
     return config
+
+
+DESCRIPTOR_ALIGNMENT = 16  # bytes: a TMA tensor descriptor's base address must be a multiple
+DESCRIPTOR = "tensor_descriptor"
+
+
+def misaligned(args: Sequence[Any], names: Sequence[str] = (),
+               alignment: int = DESCRIPTOR_ALIGNMENT) -> list[str]:
+    """The names (``names[i]``, else ``#i``) of the GPU tensors among ``args`` whose data
+    pointer is not a multiple of ``alignment`` bytes (CPU tensors are never listed)."""
+    out = []
+    for i, a in enumerate(args):
+        device = getattr(getattr(a, "device", None), "type", None)
+        if device not in (None, "cpu", "meta") and hasattr(a, "data_ptr") \
+                and a.data_ptr() % alignment:
+            out.append(names[i] if i < len(names) else f"#{i}")
+    return out
+
+
+def fit_to_call(config: Any, args: Sequence[Any], names: Sequence[str] = ()
+                ) -> tuple[Any, str]:
+    """``config`` with its tensor-descriptor indexing replaced by pointer indexing when a GPU
+    tensor of the call is not 16-byte aligned, and what was changed ("" if nothing).
+
+    Helion accepts a tensor-descriptor config from the tensors' strides alone; a TMA
+    descriptor also needs its base address aligned, and a launch on a view at another
+    offset faults ("misaligned address"), whatever the kernel's code. That is Helion's
+    limit, not the kernel's: the rest of the drawn config is still run, under pointer
+    indexing."""
+    values = dict(getattr(config, "config", config) or {})
+    indexing = values.get("indexing")
+    uses = (indexing == DESCRIPTOR if isinstance(indexing, str)
+            else isinstance(indexing, (list, tuple)) and DESCRIPTOR in indexing)
+    if not uses:
+        return config, ""
+    bad = misaligned(args, names)
+    if not bad:
+        return config, ""
+    values["indexing"] = ("pointer" if isinstance(indexing, str)
+                          else ["pointer" if v == DESCRIPTOR else v for v in indexing])
+    import helion
+
+    return helion.Config(**values), (
+        "tensor-descriptor indexing run as pointer indexing: argument(s) "
+        f"{', '.join(bad)} not {DESCRIPTOR_ALIGNMENT}-byte aligned (Helion does not check a "
+        "descriptor's base address; a kernel autotuned to such a config faults on such calls)")
+
+
+def _parameters(bound: Any) -> list[str]:
+    """The kernel's parameter names, where Helion exposes them."""
+    signature = getattr(getattr(bound, "kernel", None), "signature", None)
+    return list(getattr(signature, "parameters", None) or ())
 
 
 def _plain(value: Any) -> Any:
@@ -319,5 +373,5 @@ def install() -> None:
 
 
 __all__ = ["NOTE", "OPTION", "Alternative", "ConfigUnavailable", "active", "alternative",
-           "alternatives", "choose", "compiled", "describe", "install", "launched", "note",
-           "pinned", "tag", "unavailable"]
+           "alternatives", "choose", "compiled", "describe", "fit_to_call", "install",
+           "launched", "misaligned", "note", "pinned", "tag", "unavailable"]
