@@ -250,9 +250,10 @@ def _fuzz_parser(sub: Any, knobs: Sequence[Any] | None = None) -> None:
     g.add_argument("--helion-configs", type=int, default=0, metavar="N",
                    help="also run each valid case that passes under N other valid configs of "
                         "each Helion kernel its target launches (drawn from the kernel's "
-                        "config space, deterministic per seed and layout), each judged against "
-                        "the reference; configs that do not compile or run are skipped "
-                        "(default: 0)")
+                        "config space, deterministic per seed and layout) and of each "
+                        "@triton.autotune kernel (its other declared configs, in order), each "
+                        "judged against the reference; configs that do not compile or run are "
+                        "skipped (default: 0)")
     g.add_argument("--cuda-graphs", action="store_true",
                    help="also capture one valid example in 4 in a CUDA graph and judge its "
                         "replay on other values of the same buffers, as serving engines run "
@@ -750,7 +751,8 @@ def _wrap_up(args: argparse.Namespace, contract: Any, report: Any, new: list[Any
         skipped = sum(report.config_skips.values())
         report.notes.append(
             f"--helion-configs {args.helion_configs}: {report.config_checks} valid case(s) "
-            f"also run under other configs of their Helion kernels: {report.config_runs} "
+            f"also run under other configs of their Helion and autotuned Triton kernels: "
+            f"{report.config_runs} "
             f"run(s) judged, {skipped} config(s) skipped (they do not compile or run here)"
             + ("".join(f"; {n} x {c}" for c, n in report.config_skips.most_common(3))))
         if report.config_adjusted:

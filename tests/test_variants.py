@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TRITON = "kda_fuzz_kernels.kda_decode:fused_recurrent_kda_packed_decode"
 HELION = "kda_fuzz_kernels.kda_decode:helion_fused_recurrent_kda_packed_decode"
 BUG = "tests.helion_config_bug:decode"
+AUTOTUNED = "tests.autotune_config_bug:decode"
 SMALL = {"budget": 512, "max_b": 4, "valid_share": 1.0}
 
 
@@ -76,7 +77,8 @@ def test_variants_of_jobs_merge_counts_and_keep_the_smallest_layout() -> None:
     assert merged.variants["t"]["k[x]"] == VariantSeen("k", "d", 0, 5, "small", 40)
     assert merged.variants["t"]["k[y]"].count == 1
     assert merged.unrun_variants() == ["t: k declares 4 autotune configs, 1 ran (chosen by its "
-                                       "autotuner; on cpu the first)"]
+                                       "autotuner; on cpu the first): --helion-configs N runs "
+                                       "N others"]
 
 
 def test_helion_configs_must_not_be_negative() -> None:
@@ -129,6 +131,28 @@ def test_a_bug_of_one_helion_config_is_found_saved_with_it_and_replayed(tmp_path
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert "under the recorded kernel configs: _decode: " in ran.stdout, ran.stdout + ran.stderr
     assert ran.returncode == 1 and "REPRODUCED" in ran.stdout, ran.stdout + ran.stderr
+
+
+def test_a_bug_of_one_autotune_config_is_found_saved_with_it_and_replayed(tmp_path: Path
+                                                                          ) -> None:
+    plain = campaign(get_contract("kda"), "triton", [load_target(AUTOTUNED)], max_examples=4,
+                     seed=1, **SMALL)
+    assert not plain.failures  # the autotuner's own (first) config is right
+    assert any("declares 2 autotune configs, 1 ran" in u for u in plain.unrun_variants())
+    r = _cli("fuzz", "--target", AUTOTUNED, "--contract", "triton", "--helion-configs", "2",
+             "--max-examples", "8", "--seed", "1", "--valid-share", "1", "--max-b", "2",
+             "--jobs", "1", "--no-isolate", "--shrink-seconds", "2", "--max-failures", "1",
+             "--corpus", str(tmp_path), "--json")
+    assert r.returncode == 1, r.stderr
+    out = json.loads(r.stdout)
+    (f,) = out["failure_details"]
+    assert f["kind"] == "mismatch" and f["extra"]["config"] == "configs:_finish", f
+    saved = json.loads(Path(f["saved"]).read_text())
+    assert saved["case"]["notes"]["kernel_configs"]["configs"]["_finish"]["autotune"] == 1
+    seen = {v["id"] for v in out["variants"][AUTOTUNED]}
+    assert any("autotune config 2/2" in v for v in seen), seen  # the other config ran
+    again = _cli("replay", "--target", AUTOTUNED, "--contract", "triton", f["saved"])
+    assert again.returncode == 1 and "FAIL" in again.stdout, again.stdout + again.stderr
 
 
 @pytest.mark.slow

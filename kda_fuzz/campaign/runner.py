@@ -256,7 +256,9 @@ class Report:
             for (kernel, space), n in sorted(kernels.items()):
                 if space > n:
                     out.append(f"{target}: {kernel} declares {space} autotune configs, "
-                               f"{n} ran (chosen by its autotuner; on cpu the first)")
+                               f"{n} ran (chosen by its autotuner; on cpu the first)"
+                               + ("" if self.config_runs else
+                                  f": {configs.OPTION} N runs N others"))
                 elif space == CONFIG_SPACE and not self.config_runs:
                     out.append(f"{target}: {kernel} has a config space; only its own config "
                                f"ran ({n} variant(s)): {configs.OPTION} N runs N others")
@@ -1078,7 +1080,7 @@ class Campaign:
         for index, target in enumerate(self.targets[:len(self.targets) - len(self.peers)]):
             own = outcomes[index] if index < len(outcomes) else None
             if own is None or own.status != "pass" or not any(
-                    v.space == CONFIG_SPACE for v in own.variants):
+                    configurable(v) for v in own.variants):
                 continue
             if not counted:
                 self.report.config_checks += 1
@@ -1099,6 +1101,7 @@ class Campaign:
                     break  # it launched no configurable kernel this time
                 self.report.config_runs += 1
                 self.report.config_adjusted += bool(alt.adjusted)
+                self.report.ran(target.name, outcome.variants, case, self._layout)
                 if outcome.status == "fail" and outcome.verdict is not None:
                     saved = configs.note(alt)
                     marked = Judging(configs=saved).mark(case)
@@ -1107,9 +1110,9 @@ class Campaign:
                     return
 
     def _configurable(self, target: Target) -> list[str]:
-        """The kernels with a config space the target was seen launching."""
+        """The kernels with other configs to run the target was seen launching."""
         return sorted({r.kernel for r in self.report.variants.get(target.name, {}).values()
-                       if r.space == CONFIG_SPACE})
+                       if configurable(r)})
 
     def _judge(self, pos: Position, index: int, case: Case, target: Target,
                budget: bool = False) -> Outcome:
@@ -1210,6 +1213,12 @@ class Campaign:
                         v.where, {**v.extra, "reproduced": same, "reruns": runs,
                                   "first_kind": v.kind})
         return Failure(failure.case, flaky, failure.target)
+
+
+def configurable(variant: Any) -> bool:
+    """Whether a variant's kernel has other configs to run (``--helion-configs``): a Helion
+    config space, or an autotuner declaring more than one config."""
+    return variant.space == CONFIG_SPACE or variant.space > 1
 
 
 def _cause(text: str) -> str:

@@ -365,13 +365,73 @@ def _hook_helion(module: Any) -> None:
     wrap_once(module.BoundKernel, "__call__", on_bound)
 
 
+# --- Triton autotuners --------------------------------------------------------------------
+
+
+def autotune_choice(name: str, declared: Sequence[Any], default: Any) -> Any:
+    """The declared config an ``@triton.autotune`` kernel runs now: ``default`` (its
+    autotuner's choice), or under an alternative the ``index``-th of the others in their
+    declared order (raises :class:`ConfigUnavailable` past the last), or a saved note's."""
+    alt = _active.get()
+    if alt is None or len(declared) < 2:
+        return default
+    values = (alt.pins or {}).get(name)
+    if values and "autotune" in values:
+        at = int(values["autotune"])
+        if not 0 <= at < len(declared):
+            raise ConfigUnavailable(f"{name} declares {len(declared)} config(s), not "
+                                    f"number {at + 1}")
+    elif alt.index is None or (alt.pins and name not in alt.pins):
+        return default
+    else:
+        others = [i for i, c in enumerate(declared) if c is not default]
+        if len(others) <= alt.index:
+            alt.exhausted = True
+            raise ConfigUnavailable(f"{name} has {len(others)} other config(s)")
+        at = others[alt.index]
+    alt.used[name] = {"autotune": at, "config": str(declared[at])}
+    return declared[at]
+
+
+def _hook_autotuner(module: Any) -> None:
+    def on_run(run: Any) -> Any:
+        def configured(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if _active.get() is None:
+                result = run(self, *args, **kwargs)
+                self._kda_fuzz_chosen = getattr(self, "best_config", None)  # its own choice
+                return result
+            declared = list(getattr(self, "_kda_fuzz_configs", None) or self.configs)
+            if len(declared) < 2:
+                return run(self, *args, **kwargs)
+            default = getattr(self, "_kda_fuzz_chosen", None) or getattr(
+                self, "best_config", None)  # (the call's own run has just chosen it)
+            if not any(c is default for c in declared):
+                default = declared[0]
+            name = str(getattr(getattr(self, "base_fn", None), "__name__", "kernel"))
+            config = autotune_choice(name, declared, default)
+            # one config left: the autotuner runs it without benchmarking (the CPU hook
+            # and variant coverage read what it declares from _kda_fuzz_configs)
+            kept, had = self.configs, getattr(self, "_kda_fuzz_configs", None)
+            self.configs, self._kda_fuzz_configs = [config], declared
+            try:
+                return launched(lambda: run(self, *args, **kwargs), name)
+            finally:
+                self.configs, self._kda_fuzz_configs = kept, had
+        return configured
+
+    wrap_once(module.Autotuner, "run", on_run)
+
+
 def install() -> None:
-    """Wrap Helion's launches (when helion is imported; a no-op once done)."""
+    """Wrap Helion's launches and Triton's autotuners (those imported; a no-op once done)."""
     helion = sys.modules.get("helion.runtime.kernel")
     if helion is not None and hasattr(helion, "BoundKernel"):
         _hook_helion(helion)
+    autotuner = sys.modules.get("triton.runtime.autotuner")
+    if autotuner is not None and hasattr(autotuner, "Autotuner"):
+        _hook_autotuner(autotuner)
 
 
 __all__ = ["NOTE", "OPTION", "Alternative", "ConfigUnavailable", "active", "alternative",
-           "alternatives", "choose", "compiled", "describe", "fit_to_call", "install",
-           "launched", "misaligned", "note", "pinned", "tag", "unavailable"]
+           "alternatives", "autotune_choice", "choose", "compiled", "describe", "fit_to_call",
+           "install", "launched", "misaligned", "note", "pinned", "tag", "unavailable"]
