@@ -586,9 +586,12 @@ def _fuzz(args: argparse.Namespace, signals: Any = None) -> int:
     contract = _contract(args)
     shard = _shard(args)
     if not (args.no_isolate and args.jobs == "1"):
+        from kda_fuzz.execution import kernel_libraries
         from kda_fuzz.workers.process import start_fork_server
 
-        start_fork_server()  # the workers' imports, overlapping this process's own
+        # the workers' imports, overlapping this process's own: the engine's, and the
+        # kernel libraries of the targets (imported once, not once per job and restart)
+        start_fork_server(kernel_libraries(list(args.chosen.targets.specs)))
     _prepare_device(args.device, contract)
     jobs = _jobs(args)
     options = dict(

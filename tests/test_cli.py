@@ -28,7 +28,7 @@ def test_correct_target_exits_0_with_json_summary(tmp_path: Path) -> None:
     """The console command as a process: its exit code, the JSON summary as the last line
     of its stdout (the other campaigns here run the command in this process)."""
     r = _run("fuzz", "--target", "tests.mutants:correct_triton", "--contract", "triton",
-             "--max-examples", "60", "--seed", "1", "--json", cwd=tmp_path)
+             "--max-examples", "60", "--seed", "1", "--json", "--budget", SMALL, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert not (tmp_path / "corpus").exists()  # nothing found, no folder left behind
     summary = json.loads(r.stdout.strip().splitlines()[-1])

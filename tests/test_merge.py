@@ -42,7 +42,7 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Path], set[tu
     dirs = []
     for i in range(8):
         report = campaign(KDA, "triton", [Target(MUTANT, typos_and_zero_out_first)],
-                          max_examples=8 * 30, seed=2, max_failures=100, shard=(i, 8),
+                          max_examples=8 * 12, seed=2, max_failures=100, shard=(i, 8),
                           valid_share=0.1, budget=1 << 12)  # small: the bugs are messages
         d = base / f"shard{i + 1}" / "corpus" / "found"
         d.mkdir(parents=True)

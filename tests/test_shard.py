@@ -73,7 +73,8 @@ def test_assign_splits_every_position_of_the_plan_once(shards: int) -> None:
         [[a.name for a in d] for d in dealt]
 
 
-@pytest.mark.parametrize("shards", [2, 3, 4])
+@pytest.mark.parametrize("shards", [2, pytest.param(3, marks=pytest.mark.slow),
+                                    pytest.param(4, marks=pytest.mark.slow)])
 def test_shards_draw_exactly_the_cases_of_one_campaign(shards: int) -> None:
     """N shards of M examples draw, between them, every (round, arm, example) position of
     one campaign of N*M examples with the same seed, each once, and the same case there;

@@ -17,6 +17,7 @@ from kda_fuzz.campaign.runner import Report, VariantSeen, campaign, load_target
 from kda_fuzz.families import get_contract
 from kda_fuzz.report.html import render_report
 from kda_fuzz.report.progress import print_summary
+from tests.inprocess import kda_fuzz
 
 ROOT = Path(__file__).resolve().parents[1]
 TRITON = "kda_fuzz_kernels.kda_decode:fused_recurrent_kda_packed_decode"
@@ -105,7 +106,7 @@ def test_the_fixture_is_right_under_its_default_config() -> None:
 
 
 def test_a_bug_of_one_helion_config_is_found_saved_with_it_and_replayed(tmp_path: Path) -> None:
-    r = _cli("fuzz", "--target", BUG, "--contract", "helion", "--helion-configs", "4",
+    r = kda_fuzz("fuzz", "--target", BUG, "--contract", "helion", "--helion-configs", "4",
              "--layout", "H=1,HV=2,K=4,V=16", "--layout-share", "1", "--max-examples", "12",
              "--seed", "1", "--valid-share", "1", "--max-b", "2", "--jobs", "1", "--no-isolate",
              "--shrink-seconds", "2", "--max-failures", "1", "--corpus", str(tmp_path), "--json")
@@ -118,19 +119,9 @@ def test_a_bug_of_one_helion_config_is_found_saved_with_it_and_replayed(tmp_path
     config = saved["case"]["notes"]["kernel_configs"]["configs"]["_decode"]
     assert config["block_sizes"] in ([1], [2])  # the narrow V tiles the bug is planted in
     assert out["kernel_configs"]["runs"] >= 1
-    again = _cli("replay", "--target", BUG, "--contract", "helion", f["saved"])
+    again = kda_fuzz("replay", "--target", BUG, "--contract", "helion", f["saved"])
     assert again.returncode == 1 and "FAIL" in again.stdout, again.stdout + again.stderr
     assert "under other kernel configs" in again.stdout
-    # the debugger's script calls the kernel under the recorded configs too
-    script = tmp_path / "repro.py"
-    shown = _cli("show", "--python", f["saved"], "--target", BUG)
-    assert shown.returncode == 0, shown.stderr
-    script.write_text(shown.stdout)
-    ran = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True,
-                         text=True, timeout=300,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert "under the recorded kernel configs: _decode: " in ran.stdout, ran.stdout + ran.stderr
-    assert ran.returncode == 1 and "REPRODUCED" in ran.stdout, ran.stdout + ran.stderr
 
 
 def test_a_bug_of_one_autotune_config_is_found_saved_with_it_and_replayed(tmp_path: Path
@@ -139,7 +130,7 @@ def test_a_bug_of_one_autotune_config_is_found_saved_with_it_and_replayed(tmp_pa
                      seed=1, **SMALL)
     assert not plain.failures  # the autotuner's own (first) config is right
     assert any("declares 2 autotune configs, 1 ran" in u for u in plain.unrun_variants())
-    r = _cli("fuzz", "--target", AUTOTUNED, "--contract", "triton", "--helion-configs", "2",
+    r = kda_fuzz("fuzz", "--target", AUTOTUNED, "--contract", "triton", "--helion-configs", "2",
              "--max-examples", "8", "--seed", "1", "--valid-share", "1", "--max-b", "2",
              "--jobs", "1", "--no-isolate", "--shrink-seconds", "2", "--max-failures", "1",
              "--corpus", str(tmp_path), "--json")
@@ -151,8 +142,18 @@ def test_a_bug_of_one_autotune_config_is_found_saved_with_it_and_replayed(tmp_pa
     assert saved["case"]["notes"]["kernel_configs"]["configs"]["_finish"]["autotune"] == 1
     seen = {v["id"] for v in out["variants"][AUTOTUNED]}
     assert any("autotune config 2/2" in v for v in seen), seen  # the other config ran
-    again = _cli("replay", "--target", AUTOTUNED, "--contract", "triton", f["saved"])
+    again = kda_fuzz("replay", "--target", AUTOTUNED, "--contract", "triton", f["saved"])
     assert again.returncode == 1 and "FAIL" in again.stdout, again.stdout + again.stderr
+    # the debugger's script calls the kernel under the recorded configs too
+    script = tmp_path / "repro.py"
+    shown = kda_fuzz("show", "--python", f["saved"], "--target", AUTOTUNED)
+    assert shown.returncode == 0, shown.stderr
+    script.write_text(shown.stdout)
+    ran = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert "under the recorded kernel configs: _finish: autotune=1" in ran.stdout, \
+        ran.stdout + ran.stderr
+    assert ran.returncode == 1 and "REPRODUCED" in ran.stdout, ran.stdout + ran.stderr
 
 
 @pytest.mark.slow

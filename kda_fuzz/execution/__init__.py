@@ -3,3 +3,36 @@
 
 # the distributions whose versions a corpus file records beside python and torch
 RUNTIMES = ("triton", "helion")
+
+
+def kernel_libraries(specs: list[str] | tuple[str, ...]) -> list[str]:
+    """Those of :data:`RUNTIMES` installed here whose name the source of a target's module
+    (``MODULE:CALLABLE``) mentions: what a worker forked for those targets will import.
+    Both start no CUDA context and no thread pool on import, so a fork server may import
+    them before it forks (a guess from the text: a wrong one costs an import, nothing else).
+    Nothing is imported but the targets' parent packages."""
+    import importlib.util
+    from pathlib import Path
+
+    texts = []
+    for spec in specs:
+        module = spec.partition(":")[0]
+        try:
+            found = importlib.util.find_spec(module)
+        except (ImportError, ValueError, AttributeError):
+            continue
+        origin = getattr(found, "origin", None)
+        if origin and origin.endswith(".py"):
+            try:
+                texts.append(Path(origin).read_text(encoding="utf-8", errors="ignore"))
+            except OSError:
+                continue
+    out = []
+    for lib in RUNTIMES:
+        if any(lib in t for t in texts):
+            try:
+                if importlib.util.find_spec(lib) is not None:
+                    out.append(lib)
+            except (ImportError, ValueError):
+                continue
+    return out

@@ -17,6 +17,7 @@ from typing import Any
 # engine (seconds of imports per worker otherwise). It runs nothing: no torch thread pool,
 # no CUDA context, so its forks are as clean as spawned processes.
 PRELOAD = ["kda_fuzz.campaign.supervisor"]
+_also: list[str] = []  # more modules the fork server imports (start_fork_server's ``also``)
 
 
 def worker_context() -> BaseContext:
@@ -27,7 +28,7 @@ def worker_context() -> BaseContext:
     if not sys.platform.startswith("linux") or "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)
+    ctx.set_forkserver_preload([*PRELOAD, *_also])
     _ensure_fork_server()
     return ctx
 
@@ -52,8 +53,12 @@ def _ensure_fork_server() -> None:
         signal.signal(signal.SIGTERM, old)
 
 
-def start_fork_server() -> None:
-    """Start the fork server now, so that its imports overlap the caller's own."""
+def start_fork_server(also: list[str] | tuple[str, ...] = ()) -> None:
+    """Start the fork server now, so that its imports overlap the caller's own; ``also``:
+    modules it imports too, once for every worker it forks (the workers would each import
+    them otherwise: seconds apiece). Only modules that start no CUDA context nor thread
+    pool on import belong there: a fork of such a process is not safe."""
+    _also[:] = [m for m in dict.fromkeys(also) if m not in PRELOAD]
     worker_context()
 
 
