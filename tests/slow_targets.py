@@ -7,7 +7,7 @@ import time
 
 from tests.mutants import pad_wrap
 
-SLOW_CALL_SECONDS = 0.5
+SLOW_CALL_SECONDS = 0.25
 
 
 def slow_pad_wrap(*args, **kwargs):

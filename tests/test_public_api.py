@@ -235,7 +235,7 @@ def test_derived_contract_from_the_user_guide(tmp_path):
     # small layouts (--budget): what is shown is the family's way through the tools, not
     # sizes (a plain torch target on cpu draws layouts of up to 2^18 elements otherwise)
     common = ("--family", "kda-checked", "--contract", "triton", "--max-examples", "300",
-              "--seed", "1", "--jobs", "1", "--budget", "4096")
+              "--seed", "1", "--jobs", "1", "--no-isolate", "--budget", "4096")
     r = run("fuzz", *common, "--target", "my_project.decode:decode", "--no-save")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "23:" in r.stdout  # the new check was hit
