@@ -169,3 +169,13 @@ def test_cuda_jobs_start_before_the_target_import_and_stop_on_a_usage_error(
     assert calls == ["start", "abort"]
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no_such_module" in err[0]
+
+
+@pytest.mark.gpu
+def test_a_cuda_campaign_of_isolated_jobs_runs(kda_device_name: str) -> None:
+    """The command as users run it on a GPU: jobs forked from the fork server use CUDA (a
+    fork server that had imported helion there had initialised CUDA: every job failed)."""
+    r = _run("fuzz", "--device", kda_device_name, "--contract", "helion", "--max-examples",
+             "40", "--jobs", "2", "--seed", "1", "--json", "--no-save", "--scale-share", "0")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1])["examples"] == 40

@@ -8,9 +8,11 @@ RUNTIMES = ("triton", "helion")
 def kernel_libraries(specs: list[str] | tuple[str, ...]) -> list[str]:
     """Those of :data:`RUNTIMES` installed here whose name the source of a target's module
     (``MODULE:CALLABLE``) mentions: what a worker forked for those targets will import.
-    Both start no CUDA context and no thread pool on import, so a fork server may import
-    them before it forks (a guess from the text: a wrong one costs an import, nothing else).
-    Nothing is imported but the targets' parent packages."""
+    On a machine without a GPU neither starts anything on import that a fork would break,
+    so a fork server may import them before it forks (a guess from the text: a wrong one
+    costs an import, nothing else); where a GPU is visible, helion's import initialises
+    CUDA, and a fork server must not import them. Nothing is imported but the targets'
+    parent packages."""
     import importlib.util
     from pathlib import Path
 

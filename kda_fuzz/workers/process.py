@@ -56,8 +56,8 @@ def _ensure_fork_server() -> None:
 def start_fork_server(also: list[str] | tuple[str, ...] = ()) -> None:
     """Start the fork server now, so that its imports overlap the caller's own; ``also``:
     modules it imports too, once for every worker it forks (the workers would each import
-    them otherwise: seconds apiece). Only modules that start no CUDA context nor thread
-    pool on import belong there: a fork of such a process is not safe."""
+    them otherwise: seconds apiece). Only modules that initialise no CUDA and start no
+    thread pool on import belong there: no fork of such a process can use CUDA."""
     _also[:] = [m for m in dict.fromkeys(also) if m not in PRELOAD]
     worker_context()
 
