@@ -175,7 +175,11 @@ def test_cuda_jobs_start_before_the_target_import_and_stop_on_a_usage_error(
 def test_a_cuda_campaign_of_isolated_jobs_runs(kda_device_name: str) -> None:
     """The command as users run it on a GPU: jobs forked from the fork server use CUDA (a
     fork server that had imported helion there had initialised CUDA: every job failed)."""
-    r = _run("fuzz", "--device", kda_device_name, "--contract", "helion", "--max-examples",
-             "40", "--jobs", "2", "--seed", "1", "--json", "--no-save", "--scale-share", "0")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(  # (helion may be on the caller's)
+        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    r = subprocess.run([sys.executable, "-m", "kda_fuzz", "fuzz", "--device", kda_device_name,
+                        "--contract", "helion", "--max-examples", "40", "--jobs", "2",
+                        "--seed", "1", "--json", "--no-save", "--scale-share", "0"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads(r.stdout.strip().splitlines()[-1])["examples"] == 40
