@@ -244,7 +244,7 @@ def test_pytest_short_summary_names_the_failure(pytester: pytest.Pytester) -> No
     # pytest trims the line to the terminal (the node id alone is 77 characters); on CI
     # (the CI variable set) it prints it whole
     pytester._monkeypatch.setenv("COLUMNS", "200")
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rf")
+    result = pytester.runpytest("-p", "no:cacheprovider", "-rf")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["FAILED corpus/mismatch-71ad9b13ac4af176.json* - "
                                  "mismatch/padding-row-not-zero on mykern:decode"])

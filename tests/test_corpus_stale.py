@@ -97,6 +97,6 @@ def test_pytest_item_reports_stale(tmp_path: Path, pytester: pytest.Pytester) ->
     (pytester.path / "corpus" / path.name).write_text(json.dumps(doc))
     for var in ("TRITON_INTERPRET", "KDA_FUZZ_CPU_MODE", "KDA_FUZZ_PROFILE"):
         pytester._monkeypatch.delenv(var, raising=False)
-    result = pytester.runpytest_subprocess("corpus", "-p", "no:cacheprovider")
+    result = pytester.runpytest("corpus", "-p", "no:cacheprovider")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*STALE corpus file*stale corpus entry*check 16*"])

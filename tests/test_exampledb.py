@@ -233,11 +233,11 @@ def test_pytest_sessions_share_failing_examples(pytester: pytest.Pytester, redis
         args += ["--kda-example-db", redis_url]
     else:
         pytester.makefile(".toml", pyproject=f"[tool.kda-fuzz]\nexample_db = '{redis_url}'\n")
-    pytester.runpytest_subprocess(*args).assert_outcomes(failed=1)
+    pytester.runpytest(*args).assert_outcomes(failed=1)
     assert _tried(log)[0] != 1000  # the first runner had to find it
     assert redis.Redis.from_url(redis_url).keys(b"hypothesis-example:*")
     shutil.rmtree(pytester.path / ".hypothesis", ignore_errors=True)  # another machine
-    pytester.runpytest_subprocess(*args).assert_outcomes(failed=1)
+    pytester.runpytest(*args).assert_outcomes(failed=1)
     assert _tried(log)[0] == 1000
 
 
@@ -245,13 +245,13 @@ def test_pytest_shards_split_the_session(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_many="\n".join(f"def test_{i}(): pass" for i in range(7)))
     ran = []
     for i in (1, 2, 3):
-        result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--kda-shard",
+        result = pytester.runpytest("-p", "no:cacheprovider", "--kda-shard",
                                                f"{i}/3", "-v")
         ran.append({line.split("::")[1].split()[0] for line in result.outlines
                     if "::test_" in line and "PASSED" in line})
     assert [len(r) for r in ran] == [3, 2, 2]
     assert set().union(*ran) == {f"test_{i}" for i in range(7)} and sum(map(len, ran)) == 7
-    result = pytester.runpytest_subprocess("--kda-shard", "3/2")
+    result = pytester.runpytest("--kda-shard", "3/2")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "--kda-shard 3/2: I must be between 1 and N=2" in result.stderr.str()
 

@@ -5,6 +5,7 @@ corpus files against the project's configured targets. Each session runs in a su
 from __future__ import annotations
 
 import textwrap
+import warnings
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from kda_fuzz.config import ConfigError, choose_targets, load_config, origin_mismatch
 from kda_fuzz.corpus.store import save_case
 from kda_fuzz.families.kda.layouts import KdaLayout, Values, build
+from kda_fuzz.plugin import CorpusOriginWarning
 
 pytest_plugins = ["pytester"]
 
@@ -110,11 +112,12 @@ def test_opting_in_collects_the_corpus_and_scopes_gpu_tests(pytester: pytest.Pyt
 
 
 def test_corpus_replays_against_the_users_configured_kernel(pytester: pytest.Pytester) -> None:
-    """The issue's scenario: a planted bug saved under corpus/ must fail under pytest."""
+    """The issue's scenario: a planted bug saved under corpus/ must fail under pytest (three
+    sessions in this process: what differs between them is the configuration)."""
     corpus = _project(pytester, "[tool.kda-fuzz]\n")
     pytester.makepyfile(test_probe="")
     # Opted in, no target configured: fails, naming the recorded target and the fix.
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result = pytester.runpytest("-p", "no:cacheprovider")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
         "*no replay target is configured for the kda/triton variant; the file was "
@@ -124,13 +127,15 @@ def test_corpus_replays_against_the_users_configured_kernel(pytester: pytest.Pyt
     # passes with a warning: it is not the kernel the file recorded) ...
     (pytester.path / "pyproject.toml").write_text(
         "[tool.kda-fuzz]\n[tool.kda-fuzz.targets.kda]\ntriton = ['mykernel:fixed']\n")
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    with warnings.catch_warnings():  # (in this process: this repository ignores the warning)
+        warnings.simplefilter("always", CorpusOriginWarning)
+        result = pytester.runpytest("-p", "no:cacheprovider")
     result.assert_outcomes(passed=1, warnings=1)
     result.stdout.fnmatch_lines(["*CorpusOriginWarning*recorded against mykernel:buggy, "
                                  "replayed against mykernel:fixed*"])
     # ... and --kda-corpus-target overrides the configuration: the planted bug fails the
     # item (a configured buggy kernel failing it: test_cli_front's short-summary test)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider",
+    result = pytester.runpytest("-p", "no:cacheprovider",
                                            "--kda-corpus-target", "mykernel:buggy")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([f"*corpus file *{corpus.name}*",
