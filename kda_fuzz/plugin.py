@@ -99,6 +99,7 @@ class State:
 
 
 _STATE = pytest.StashKey[State]()
+_PROFILE = pytest.StashKey[str]()  # the Hypothesis profile before this session chose one
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -184,6 +185,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA device; run with `-m gpu`")
     config.addinivalue_line("markers", "slow: long-running; deselect with `-m 'not slow'`")
     config.addinivalue_line("markers", "corpus: a replayed corpus file")
+    _remember_profile(config)
     _hypothesis_profiles(st.config)
     if kda_device(config).startswith("cuda"):
         return
@@ -192,6 +194,24 @@ def pytest_configure(config: pytest.Config) -> None:
     for contract in CONTRACTS.values():  # each family's kernels, before they are imported
         if contract.execution is not None:
             contract.execution.configure_cpu()
+
+
+def _remember_profile(config: pytest.Config) -> None:
+    """Note the Hypothesis profile in force before this session loads its own, which
+    ``pytest_unconfigure`` loads again (a session run inside another process, pytester's,
+    leaves that process's settings as it found them)."""
+    if _PROFILE not in config.stash:
+        from hypothesis import settings
+
+        config.stash[_PROFILE] = settings.get_current_profile_name()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    previous = config.stash.get(_PROFILE, None)
+    if previous is not None:
+        from hypothesis import settings
+
+        settings.load_profile(previous)
 
 
 def _hypothesis_profiles(cfg: Config) -> None:
@@ -253,6 +273,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     except ExampleDbError as e:
         raise pytest.UsageError(f"kda-fuzz: {str(e).replace('--example-db', '--kda-example-db')}"
                                 ) from None
+    _remember_profile(session.config)
     name = f"{settings.get_current_profile_name()}+kda-fuzz-example-db"
     settings.register_profile(name, database=db)  # the current profile, with the database
     settings.load_profile(name)

@@ -224,7 +224,9 @@ def test_pytest_sessions_share_failing_examples(pytester: pytest.Pytester, redis
     """A property-based test's failing example found on one runner is the first example
     the next runner tries (Hypothesis' reuse phase, through the shared database)."""
     import redis
+    from hypothesis import settings
 
+    before = settings.get_current_profile_name()
     pytester.makepyfile(test_prop=LOGGING_TEST)
     log = pytester.path / "tried.log"
     pytester._monkeypatch.setenv("KDA_TEST_LOG", str(log))
@@ -239,6 +241,8 @@ def test_pytest_sessions_share_failing_examples(pytester: pytest.Pytester, redis
     shutil.rmtree(pytester.path / ".hypothesis", ignore_errors=True)  # another machine
     pytester.runpytest(*args).assert_outcomes(failed=1)
     assert _tried(log)[0] == 1000
+    # the sessions ran in this process: each left its Hypothesis settings as it found them
+    assert settings.get_current_profile_name() == before
 
 
 def test_pytest_shards_split_the_session(pytester: pytest.Pytester) -> None:
