@@ -170,7 +170,7 @@ def test_replay_follows_each_files_family_and_variant(tmp_path: Path) -> None:
     for f in (KDA_FILE, GDN_FILE):
         shutil.copy(f, corpus / f.name)
     # the repository's own pyproject.toml configures its kernels for both families
-    r = _run("replay", "--json", str(corpus))
+    r = kda_fuzz("replay", "--json", str(corpus))
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert r.returncode == 0, (r.stdout, r.stderr)
     assert sorted((f["family"], f["status"], f["targets_from"]) for f in out["files"]) == \

@@ -370,7 +370,7 @@ def test_a_failing_fast_path_falls_back_to_the_torch_oracle(monkeypatch, capsys)
                for n in report.notes), report.notes
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=24, deadline=None)
 @given(layout=KDA.valid_cases("triton", budget=1 << 11, max_b=6),
        corruption=st.sampled_from(_CORRUPTIONS[:-1]), where=st.integers(0, 2**16))
 def test_fused_judge_agrees_with_the_torch_oracle(layout: Case, corruption: str,
@@ -382,7 +382,7 @@ def test_fused_judge_agrees_with_the_torch_oracle(layout: Case, corruption: str,
                     packed_judge.reference64, packed_judge.KDA_FUSED)
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(layout=get_contract("gdn").valid_cases("triton", budget=1 << 11, max_b=6),
        corruption=st.sampled_from(_CORRUPTIONS[:-1]), where=st.integers(0, 2**16))
 def test_fused_judge_agrees_with_the_torch_oracle_on_gdn(layout: Case, corruption: str,

@@ -138,8 +138,8 @@ def test_usage_errors(argv: list[str], message: str, capsys: pytest.CaptureFixtu
 def test_a_campaign_finds_saves_and_skips_replaying_it_without_a_gpu(
         fake_tool: Path, tmp_path: Path) -> None:
     target = load_target(WIDE)
-    options = CampaignOptions(device="cpu", max_examples=60, seed=3, sanitize="memcheck",
-                              sanitize_every=2, max_failures=5)
+    options = CampaignOptions.of(device="cpu", max_examples=60, seed=3, sanitize="memcheck",
+                                 sanitize_every=2, max_failures=5, budget=1 << 12)
     report = Campaign(KDA, "triton", [target], options=options).run()
     assert report.sanitize_sampled and report.sanitized == report.sanitize_sampled
     found = [f for f in report.failures if f.verdict.kind == "sanitizer"]
