@@ -131,7 +131,8 @@ def test_choose_campaign_uses_the_configured_variant_and_refuses_ambiguity(tmp_p
 
 def test_a_user_project_configuring_triton_fuzzes_its_triton_target(tmp_path: Path) -> None:
     project = _project(tmp_path, '[tool.kda-fuzz.targets.kda]\ntriton = ["mykern:decode"]\n')
-    r = _run("fuzz", "--max-examples", "4", "--seed", "1", "--no-save", "--json", cwd=project)
+    r = kda_fuzz("fuzz", "--max-examples", "4", "--seed", "1", "--no-save", "--json",
+                 cwd=project)
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     assert (summary["contract"], summary["variant"], summary["targets"]) == \

@@ -101,7 +101,9 @@ def _group_gone(pgid: int, seconds: float = 20.0) -> bool:
 
 
 @pytest.mark.parametrize(("sig", "group"), [
-    (signal.SIGINT, True),
+    # SIGINT (Ctrl-C) while minimizing: the slow tier (the fast tier's SIGTERM case runs the
+    # same signal path, and test_a_minimization_cut_short_saves... the cut-short save)
+    pytest.param(signal.SIGINT, True, marks=pytest.mark.slow),
     pytest.param(signal.SIGTERM, False, marks=pytest.mark.slow),  # the group's case is harder
     (signal.SIGTERM, True)], ids=["SIGINT-group", "SIGTERM", "SIGTERM-group"])
 def test_a_signal_mid_campaign_saves_what_is_confirmed_and_summarizes(
@@ -284,3 +286,25 @@ def test_a_first_signal_asks_the_phase_to_stop_a_second_ends_the_command() -> No
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(1.0)
     assert e.value.exit_code == 143
+
+
+def test_a_minimization_cut_short_saves_the_case_as_found_and_marked(tmp_path: Path) -> None:
+    """What Ctrl-C during a minimization leaves (the slow tier's SIGINT case runs it end to
+    end): the failure is saved as found, its description and origin say why."""
+    from kda_fuzz.campaign.findings import FindingSaver
+    from kda_fuzz.campaign.runner import Target, campaign
+    from kda_fuzz.families import get_contract
+    from tests import mutants
+
+    kda = get_contract("kda")
+    target = Target("tests.mutants:pad_wrap", mutants.pad_wrap)
+    report = campaign(kda, "triton", [target], max_examples=60, seed=1, valid_share=1.0,
+                      max_failures=1, budget=1 << 12)
+    (found,) = report.failures
+    saver = FindingSaver(kda, str(tmp_path), seed=1)
+    saver.request(Stop(ExitReason.INTERRUPTED, "interrupted by SIGINT"))
+    saver.found_inline(found, target)
+    doc = json.loads(Path(found.saved).read_text())
+    assert doc["description"].startswith("[not minimized]"), doc["description"]
+    assert "SIGINT" in doc["origin"]["unminimized"]
+    assert "not minimized" in found.note
