@@ -567,12 +567,6 @@ def _contract(args: argparse.Namespace) -> Any:
     return contract
 
 
-def _gpu_visible() -> bool:
-    """Whether this machine shows a GPU driver's device files (NVIDIA's or AMD's); cheap:
-    nothing is imported."""
-    return any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/kfd"))
-
-
 def _fuzz(args: argparse.Namespace, signals: Any = None) -> int:
     """``kda-fuzz fuzz``; SIGINT and SIGTERM handled by ``signals`` (an entered
     :class:`~kda_fuzz.campaign.interrupt.Signals`; ``None``: its own, for the whole command)."""
@@ -595,12 +589,11 @@ def _fuzz(args: argparse.Namespace, signals: Any = None) -> int:
         from kda_fuzz.execution import kernel_libraries
         from kda_fuzz.workers.process import start_fork_server
 
-        # the workers' imports, overlapping this process's own: the engine's, and on a
-        # machine without a GPU the kernel libraries of the targets (imported once, not
-        # once per job and restart). Where a GPU is visible, importing them initialises
-        # CUDA in the fork server (seen on the H200), and no fork of it could use CUDA.
+        # the workers' imports, overlapping this process's own: the engine's, and for a
+        # CPU campaign the kernel libraries of the targets (imported once, not once per
+        # job and restart; the fork server leaves them out where a GPU is visible)
         start_fork_server(kernel_libraries(list(args.chosen.targets.specs))
-                          if args.device == "cpu" and not _gpu_visible() else ())
+                          if args.device == "cpu" else ())
     _prepare_device(args.device, contract)
     jobs = _jobs(args)
     options = dict(

@@ -56,10 +56,17 @@ def _ensure_fork_server() -> None:
 def start_fork_server(also: list[str] | tuple[str, ...] = ()) -> None:
     """Start the fork server now, so that its imports overlap the caller's own; ``also``:
     modules it imports too, once for every worker it forks (the workers would each import
-    them otherwise: seconds apiece). Only modules that initialise no CUDA and start no
-    thread pool on import belong there: no fork of such a process can use CUDA."""
-    _also[:] = [m for m in dict.fromkeys(also) if m not in PRELOAD]
+    them otherwise: seconds apiece), dropped where a GPU is visible: importing a kernel
+    library there may initialise CUDA (helion's does), and no fork of a process that has
+    done so can use CUDA. Only modules that start no thread pool on import belong there."""
+    _also[:] = [] if gpu_visible() else [m for m in dict.fromkeys(also) if m not in PRELOAD]
     worker_context()
+
+
+def gpu_visible() -> bool:
+    """Whether this machine shows a GPU driver's device files (NVIDIA's or AMD's); cheap:
+    nothing is imported."""
+    return any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/kfd"))
 
 
 def worker_process(ctx: BaseContext, fn: Callable[..., Any], args: tuple[Any, ...], *,
