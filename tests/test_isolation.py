@@ -138,3 +138,27 @@ def test_workers_fork_from_the_fork_server_on_linux_only(monkeypatch) -> None:
     assert process.worker_context().get_start_method() == expected
     monkeypatch.setattr(process.sys, "platform", "darwin")
     assert process.worker_context().get_start_method() == "spawn"
+
+
+def test_the_fork_server_preloads_the_kernel_libraries_a_target_imports(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Import statements and the callable's name count; a word in a docstring or a string
+    (a variant named "helion") does not: a wrong guess costs seconds of import on CPU."""
+    import importlib.util
+
+    from kda_fuzz.execution import kernel_libraries
+
+    installed = [lib for lib in ("triton", "helion") if importlib.util.find_spec(lib)]
+    sources = {"imports_both": "import torch\nimport helion\nfrom triton import language\n",
+               "lazily": 'import importlib\nK = importlib.import_module("helion.language")\n',
+               "in_words": '"""A torch twin of the helion and triton kernels."""\n'
+                           'VARIANT = "helion"\nimport torch  # not triton\n'}
+    for name, text in sources.items():
+        (tmp_path / f"{name}.py").write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert kernel_libraries(["imports_both:decode"]) == installed
+    assert kernel_libraries(["lazily:decode"]) == [x for x in installed if x == "helion"]
+    assert kernel_libraries(["in_words:decode"]) == []
+    assert kernel_libraries(["in_words:helion_decode"]) == [
+        x for x in installed if x == "helion"]
+    assert kernel_libraries(["no_such_module:decode"]) == []

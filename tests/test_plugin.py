@@ -202,6 +202,6 @@ def test_a_hanging_target_fails_its_timeout_item_within_the_users_timeout(
                                            "2", "corpus")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*slowkernel:hangs: [[]timeout]*did not return within 2 s*"])
-    result = pytester.runpytest_subprocess("--kda-corpus-timeout", "0")
+    result = pytester.runpytest("--kda-corpus-timeout", "0")  # a usage error: in-process
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "--kda-corpus-timeout must be positive" in result.stderr.str()

@@ -101,10 +101,10 @@ def test_errors_are_told_apart_by_case(fake_tool: Path) -> None:
 def test_errors_that_name_no_tensor_are_found_by_splitting_the_batch(
         fake_tool: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FAKE_SANITIZER_LOOSE", "1")
-    cases = [_case(1), _case(2), _case(4), _case(1, 2)]
+    cases = [_case(1), _case(4)]  # one process for both, then one each
     reports = sanitizer.sanitize("memcheck", WIDE, cases, device="cpu")
-    assert [r.status for r in reports] == ["clean", "clean", "errors", "clean"]
-    assert reports[2].errors[0].tensor is None
+    assert [r.status for r in reports] == ["clean", "errors"]
+    assert reports[1].errors[0].tensor is None
 
 
 def test_a_correct_target_is_clean(fake_tool: Path) -> None:
@@ -138,7 +138,7 @@ def test_usage_errors(argv: list[str], message: str, capsys: pytest.CaptureFixtu
 def test_a_campaign_finds_saves_and_skips_replaying_it_without_a_gpu(
         fake_tool: Path, tmp_path: Path) -> None:
     target = load_target(WIDE)
-    options = CampaignOptions.of(device="cpu", max_examples=60, seed=3, sanitize="memcheck",
+    options = CampaignOptions.of(device="cpu", max_examples=20, seed=3, sanitize="memcheck",
                                  sanitize_every=2, max_failures=5, budget=1 << 12)
     report = Campaign(KDA, "triton", [target], options=options).run()
     assert report.sanitize_sampled and report.sanitized == report.sanitize_sampled

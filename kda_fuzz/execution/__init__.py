@@ -6,19 +6,24 @@ RUNTIMES = ("triton", "helion")
 
 
 def kernel_libraries(specs: list[str] | tuple[str, ...]) -> list[str]:
-    """Those of :data:`RUNTIMES` installed here whose name the source of a target's module
-    (``MODULE:CALLABLE``) mentions: what a worker forked for those targets will import.
+    """Those of :data:`RUNTIMES` installed here that a target (``MODULE:CALLABLE``) names:
+    its module's source imports it (``import helion``, ``from helion...``,
+    ``import_module("helion...")``) or its callable's name contains it
+    (``helion_fused_recurrent_kda_packed_decode``, whose package loads it lazily): what a
+    worker forked for those targets will import.
     On a machine without a GPU neither starts anything on import that a fork would break,
     so a fork server may import them before it forks (a guess from the text: a wrong one
     costs an import, nothing else); where a GPU is visible, helion's import initialises
     CUDA, and a fork server must not import them. Nothing is imported but the targets'
     parent packages."""
     import importlib.util
+    import re
     from pathlib import Path
 
-    texts = []
+    texts, names = [], []
     for spec in specs:
-        module = spec.partition(":")[0]
+        module, _, name = spec.partition(":")
+        names.append(name)
         try:
             found = importlib.util.find_spec(module)
         except (ImportError, ValueError, AttributeError):
@@ -31,7 +36,9 @@ def kernel_libraries(specs: list[str] | tuple[str, ...]) -> list[str]:
                 continue
     out = []
     for lib in RUNTIMES:
-        if any(lib in t for t in texts):
+        imports = re.compile(rf"^\s*(?:import|from)\s+{lib}\b|import_module\(\s*[\"']{lib}\b",
+                             re.M)
+        if any(imports.search(t) for t in texts) or any(lib in n for n in names):
             try:
                 if importlib.util.find_spec(lib) is not None:
                     out.append(lib)
