@@ -118,7 +118,7 @@ def test_a_signal_mid_campaign_saves_what_is_confirmed_and_summarizes(
     corpus, report = tmp_path / "corpus", tmp_path / "rep"
     # SIGINT comes while the first failure is being minimized (600 s would not end first);
     # SIGTERM once it is saved, which a short minimization reaches sooner
-    shrink = "600" if sig == signal.SIGINT else "5"
+    shrink = "600" if sig == signal.SIGINT else "1"
     proc = _start("fuzz", "--target", "tests.slow_targets:slow_pad_wrap", "--contract",
                   "triton", "--max-examples", "100000", "--valid-share", "1", "--seed", "1",
                   "--shrink-seconds", shrink, "--corpus", str(corpus), "--report", str(report),

@@ -67,12 +67,13 @@ def test_sub_batches_are_judged_like_any_case_and_a_correct_target_passes(contra
                          ids=["triton", "helion"])
 def test_the_projects_kernels_are_batch_invariant_bit_for_bit(kernel):
     """One program per row and head: a row's bits do not depend on its batch."""
-    for seed, layout in enumerate([
-            KdaLayout(B=4, H=1, HV=2, K=4, V=4, padding="some", seed=1),
-            KdaLayout(B=3, H=2, HV=4, K=8, V=4, qkv_row_pad=5, guard=3, seed=2,
-                      state_dtype=torch.bfloat16, use_qk_l2norm_in_kernel=True)]):
-        case = build(layout, "helion")
-        assert batch_variance(KDA, case, kernel).status == "pass", seed
+    # one layout of everything a row's program reads around it (padding rows, row padding,
+    # guards, a 16-bit pool, l2norm): each sub-batch is a new shape, a new Helion compile
+    case = build(KdaLayout(B=4, H=2, HV=4, K=8, V=4, padding="first", qkv_row_pad=5, guard=3,
+                           seed=2, state_dtype=torch.bfloat16, use_qk_l2norm_in_kernel=True),
+                 "helion")
+    assert case.notes["live_rows"] < 4  # padding rows among the rows moved
+    assert batch_variance(KDA, case, kernel).status == "pass"
 
 
 def test_a_batch_variant_kernel_is_found_bitwise_and_replays(tmp_path: Path):

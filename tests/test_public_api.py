@@ -236,15 +236,15 @@ def test_derived_contract_from_the_user_guide(tmp_path):
     # sizes (a plain torch target on cpu draws layouts of up to 2^18 elements otherwise)
     common = ("--family", "kda-checked", "--contract", "triton", "--max-examples", "300",
               "--seed", "1", "--jobs", "1", "--no-isolate", "--budget", "4096")
-    r = run("fuzz", *common, "--target", "my_project.decode:decode", "--no-save")
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "23:" in r.stdout  # the new check was hit
-    r = run("fuzz", *common, "--target", "my_project.decode:unchecked",
-            "--corpus", "corpus/found", "--shrink-seconds", "3")
+    # one campaign, both targets: the checked one passes, the unchecked one fails
+    r = run("fuzz", *common, "--target", "my_project.decode:decode", "--target",
+            "my_project.decode:unchecked", "--corpus", "corpus/found", "--shrink-seconds", "3")
     assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "23:" in r.stdout  # the new check was hit
     files = sorted((proj / "corpus" / "found").glob("*.json"))
-    assert files and all('"family": "kda-checked"' in f.read_text() or
-                         '"kda-checked"' in f.read_text() for f in files)
+    docs = [json.loads(f.read_text()) for f in files]
+    assert docs and all(d["contract"]["family"] == "kda-checked" for d in docs), docs[:1]
+    assert {d["origin"]["target"] for d in docs} == {"my_project.decode:unchecked"}
     r = run("replay", "--family", "kda-checked", "--contract", "triton", "--target",
             "my_project.decode:decode", *map(str, files))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
