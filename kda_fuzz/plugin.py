@@ -187,13 +187,20 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "corpus: a replayed corpus file")
     _remember_profile(config)
     _hypothesis_profiles(st.config)
-    if kda_device(config).startswith("cuda"):
-        return
+    if kda_device(config).startswith("cuda") or _xdist_controller(config):
+        return  # (xdist's workers configure their own CPU execution: they run the tests)
     from kda_fuzz.families import CONTRACTS
 
     for contract in CONTRACTS.values():  # each family's kernels, before they are imported
         if contract.execution is not None:
             contract.execution.configure_cpu()
+
+
+def _xdist_controller(config: pytest.Config) -> bool:
+    """Whether this process hands the tests to xdist workers and runs none itself (then it
+    need not import torch and the contracts: seconds before the first worker starts)."""
+    return not hasattr(config, "workerinput") and not config.getoption("collectonly") \
+        and config.getoption("dist", default="no") != "no"
 
 
 def _remember_profile(config: pytest.Config) -> None:

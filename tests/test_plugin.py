@@ -205,3 +205,29 @@ def test_a_hanging_target_fails_its_timeout_item_within_the_users_timeout(
     result = pytester.runpytest("--kda-corpus-timeout", "0")  # a usage error: in-process
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "--kda-corpus-timeout must be positive" in result.stderr.str()
+
+
+class _Config:
+    """What ``_xdist_controller`` reads of a configured session."""
+
+    def __init__(self, dist: str, collectonly: bool = False, worker: bool = False) -> None:
+        self._options = {"dist": dist, "collectonly": collectonly}
+        if worker:
+            self.workerinput = {"workerid": "gw0"}
+
+    def getoption(self, name: str, default: object = None) -> object:
+        return self._options.get(name, default)
+
+
+def test_only_xdists_controller_skips_the_cpu_set_up() -> None:
+    """The process that hands tests to xdist workers runs none: it imports neither torch
+    nor the contracts (seconds before the first worker starts); the workers, a session
+    without xdist and ``--collect-only`` (xdist does not distribute it) set up CPU
+    execution as before."""
+    from kda_fuzz.plugin import _xdist_controller
+
+    assert _xdist_controller(_Config("load"))
+    assert _xdist_controller(_Config("worksteal"))
+    assert not _xdist_controller(_Config("load", worker=True))
+    assert not _xdist_controller(_Config("no"))
+    assert not _xdist_controller(_Config("load", collectonly=True))
