@@ -25,7 +25,7 @@ if SHARE is not None:
     os.environ["OMP_NUM_THREADS"] = str(SHARE)  # this worker's children, before they start
 
 
-# The fast tier's longest tests (10-35 s each on the idle 2-core machine, most of them end to
+# The fast tier's longest tests (7-20 s each on the idle 2-core machine, most of them end to
 # end through processes of their own), started first: xdist hands tests out in order, and
 # one of them left for the end ran alone while the other worker idled. A scheduling hint
 # only: a name here that no longer exists changes nothing.
@@ -43,6 +43,8 @@ LONGEST = (
     "tests/test_cli_front.py::test_replay_follows_each_files_family_and_variant",
     "tests/test_oracle.py::test_fused_judge_agrees_with_the_torch_oracle",
     "tests/test_cli_front.py::test_a_user_project_configuring_triton_fuzzes_its_triton_target",
+    "tests/test_corpus.py::test_minimize_by_bytes_keeps_the_product_the_failure_needs",
+    "tests/test_mutants.py::test_correct_twins_give_no_failure",
 )
 
 
