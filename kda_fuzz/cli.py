@@ -11,7 +11,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from kda_fuzz.names import DEFAULT_FAMILY, FAMILIES, VARIANTS
 
@@ -1088,7 +1088,7 @@ def _project_families() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``kda-fuzz`` console script."""
+    """The command line on ``argv`` (``None``: the process's own): its exit code."""
     try:
         parser = build_parser()
     except UsageError as e:  # a project's family options that cannot be loaded
@@ -1142,6 +1142,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(getattr(e, "exit_code", 130))
 
 
+def console() -> NoReturn:
+    """The ``kda-fuzz`` command: :func:`main`, its exit code the process's (the
+    interpreter's teardown skipped: :func:`kda_fuzz.workers.process.exit_now`)."""
+    code = main()
+    from kda_fuzz.workers.process import exit_now
+
+    exit_now(code)
+
+
 if __name__ == "__main__":
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    sys.exit(main())
+    console()

@@ -141,8 +141,13 @@ class FindingSaver:
                 self._idle.wait(0.1)
         if self._timer is not None:
             self._timer.cancel()
+            self._timer.join()
         for _ in self._threads if self._started else ():
             self._todo.put(None)
+        # joined, not left as daemons: a daemon thread inside a torch op when the
+        # interpreter exits aborts the process (see ``workers.process.exit_now``)
+        for t in self._threads if self._started else ():
+            t.join()
 
     # ------------------------------------------------------------------ work
 

@@ -78,6 +78,8 @@ class SanitizerQueue:
         with self._lock:
             lost = self._busy
         self._todo.put(None)
+        if self._thread is not None and not lost:
+            self._thread.join()  # no daemon thread holding tensors at exit (see FindingSaver)
         return done, lost
 
     def _flush(self) -> None:

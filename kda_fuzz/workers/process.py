@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import Any, NoReturn
 
 # What the fork server imports before it forks any worker: torch, Hypothesis and the
 # engine (seconds of imports per worker otherwise). It runs nothing: no torch thread pool,
@@ -96,6 +96,34 @@ def exit_with_parent() -> None:
                 os._exit(3)
 
     threading.Thread(target=watch, name="kda-fuzz-orphan-watch", daemon=True).start()
+
+
+def exit_now(code: int) -> NoReturn:
+    """End this process with ``code`` once its exit handlers (``atexit``: multiprocessing's
+    clean-up of its children among them) have run, skipping the interpreter's teardown.
+
+    There, before Python 3.14, a daemon thread that is inside a torch op (the GIL released)
+    when the interpreter goes aborts the whole process ("terminate called without an active
+    exception", pytorch issue 38228): a campaign's verdict would end as SIGABRT, a failure
+    of the environment. Where a non-daemon thread still runs, the interpreter's own exit is
+    kept (it waits for the thread)."""
+    import atexit
+
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate()
+           if t is not threading.current_thread()):
+        sys.exit(code)
+    _flush()
+    atexit._run_exitfuncs()
+    _flush()
+    os._exit(code)
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe or stream: nothing more to write
+            pass
 
 
 def how_it_ended(code: int | None) -> str:
