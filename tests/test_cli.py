@@ -183,3 +183,25 @@ def test_a_cuda_campaign_of_isolated_jobs_runs(kda_device_name: str) -> None:
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads(r.stdout.strip().splitlines()[-1])["examples"] == 40
+
+
+def test_the_command_keeps_its_exit_code_while_a_daemon_thread_runs_torch() -> None:
+    """A daemon thread inside torch ops when the command ends (a library's, a user
+    target's): the command still exits with its own code, its exit handlers run, where
+    the interpreter's teardown would abort the process (SIGABRT, before Python 3.14)."""
+    script = (
+        "import atexit, sys, threading, torch\n"
+        "def spin():\n"
+        "    a = torch.randn(256)\n"
+        "    while True:\n"
+        "        a + a\n"
+        "threading.Thread(target=spin, daemon=True).start()\n"
+        "atexit.register(lambda: print('exit handlers ran'))\n"
+        "sys.argv = ['kda-fuzz', 'fuzz', '--max-examples', '-1']\n"
+        "from kda_fuzz.cli import console\n"
+        "console()\n")
+    r = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert "--max-examples" in r.stderr and "terminate called" not in r.stderr, r.stderr
+    assert r.stdout.strip() == "exit handlers ran"

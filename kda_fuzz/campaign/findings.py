@@ -142,12 +142,13 @@ class FindingSaver:
         if self._timer is not None:
             self._timer.cancel()
             self._timer.join()
-        for _ in self._threads if self._started else ():
-            self._todo.put(None)
-        # joined, not left as daemons: a daemon thread inside a torch op when the
-        # interpreter exits aborts the process (see ``workers.process.exit_now``)
-        for t in self._threads if self._started else ():
-            t.join()
+        if self._started:
+            for _ in self._threads:
+                self._todo.put(None)
+            # joined, not left as daemons: a daemon thread inside a torch op when the
+            # interpreter exits aborts the process (see ``workers.process.exit_now``)
+            for t in self._threads:
+                t.join()
 
     # ------------------------------------------------------------------ work
 

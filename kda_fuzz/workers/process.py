@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing as mp
 import os
 import signal
@@ -107,8 +108,6 @@ def exit_now(code: int) -> NoReturn:
     exception", pytorch issue 38228): a campaign's verdict would end as SIGABRT, a failure
     of the environment. Where a non-daemon thread still runs, the interpreter's own exit is
     kept (it waits for the thread)."""
-    import atexit
-
     if any(t.is_alive() and not t.daemon for t in threading.enumerate()
            if t is not threading.current_thread()):
         sys.exit(code)
