@@ -29,6 +29,7 @@ from tests.foreign import (
     helion_full_slice,
     helion_scalar_index,
     helion_unit_dims,
+    triton_grid_stride,
     triton_row_program,
 )
 from tests.test_kernels import F32, Shape, check_kernel, make_case
@@ -39,6 +40,7 @@ FOREIGN = {
     "helion_full_slice": helion_full_slice.decode,
     "helion_unit_dims": helion_unit_dims.decode,
     "triton_row_program": triton_row_program.decode,
+    "triton_grid_stride": triton_grid_stride.decode,
 }
 # (shape, state/activation dtype, index dtype, l2norm, lower_bound)
 CASES = [

@@ -13,7 +13,10 @@ One switch, the environment variable ``KDA_FUZZ_CPU_MODE``, read at every launch
     (below). A slot index loaded as a scalar and then indexed ``idx[:, None]`` by
     Helion's codegen becomes a ``[1]`` (triton 3.6 did so itself; 3.9 refuses it:
     :func:`_rank0_index_patch`), and masks stay boolean (triton 3.9's loads refuse the
-    0/1 integers the interpreter makes of ``mask & scalar_condition``: :func:`_mask_patches`).
+    0/1 integers the interpreter makes of ``mask & scalar_condition``: :func:`_mask_patches`),
+    and a one-element value is an index under numpy 2.4 (``range(pid, n, step)``; triton
+    3.6 calls ``int()`` on a one-element array, which numpy 2.4 refuses:
+    :func:`_scalar_index_patch`).
     Helion's generated Triton that Triton's frontend still refuses under the interpreter
     (size-1 dimensions emitted with a rank too few) raises :class:`ExecutionEnvironmentError`.
 ``eager``
@@ -115,6 +118,12 @@ def configure_cpu(mode: CpuMode | None = None) -> CpuMode:
 class ExecutionEnvironmentError(RuntimeError):
     """The CPU execution machinery cannot run a kernel: a fact about the environment,
     never a verdict on the kernel."""
+
+
+class NotAScalar(TypeError):
+    """The kernel used a block where Triton needs a scalar (a loop bound, an index): the
+    kernel's error, raised by this module's repair of the interpreter
+    (:func:`_scalar_index_patch`), never an environment error."""
 
 
 EAGER_REFUSAL = (
@@ -580,6 +589,39 @@ def _rank0_index_patch() -> list[tuple[Any, str, Any]]:
     return [(tl.tensor, "__getitem__", getitem)]
 
 
+def _scalar_index_patch(interp: Any) -> list[tuple[Any, str, Any]]:
+    """Let a one-element value be a Python index under numpy 2.4, as it was before.
+
+    The interpreter holds a scalar (``tl.program_id(0)``, a runtime ``int`` argument) as a
+    one-element array and makes an index of it with ``int(data)`` (``range(pid, n, step)``);
+    numpy 2.4 refuses ``int()`` of an array of rank > 0 (``TypeError: only 0-dimensional
+    arrays can be converted to Python scalars``; deprecated since numpy 1.25; triton fixed
+    it after 3.6). A one-element value becomes an index through its element, as numpy < 2.4
+    did; a block of several values raises :class:`NotAScalar` (a ``TypeError``, as before:
+    the kernel's error, which a GPU's compiler reports too)."""
+    original = getattr(interp, "_patch_lang_tensor", None)
+    if original is None:
+        return []
+
+    def patch_lang_tensor(tensor: Any, scope: Any, *args: Any, **kwargs: Any) -> None:
+        original(tensor, scope, *args, **kwargs)
+        own = getattr(tensor, "__index__", None)
+
+        def index(self: Any) -> int:
+            data = getattr(self.handle, "data", None)
+            if not isinstance(data, np.ndarray) and own is not None:
+                return own(self)
+            data = np.asarray(data)
+            if data.size != 1:
+                raise NotAScalar(f"a block of {data.size} values used where an index (a "
+                                 "scalar) is needed")
+            return int(data.reshape(()))
+
+        scope.set_attr(tensor, "__index__", index)
+
+    return [(interp, "_patch_lang_tensor", patch_lang_tensor)]
+
+
 _MISSING = object()
 # id(libdevice stub) -> its replacement, while an interpreter context is active
 _stub_replacements: dict[int, Callable[..., Any]] = {}
@@ -660,7 +702,8 @@ def _interpreter_context(kernel: Any = None) -> Iterator[None]:
     bf16 = _bf16_patches(interpreter)
     binary_op = next(fn for obj, name, fn in bf16 if name == "binary_op")
     patches += [(JITFunction, "__call__", _call_interpreted), *bf16,
-                *_mask_patches(interpreter, binary_op), *_rank0_index_patch()]
+                *_mask_patches(interpreter, binary_op), *_rank0_index_patch(),
+                *_scalar_index_patch(interpreter)]
     token = _inside.set(True)
     _stub_replacements.update({id(stubs[name]): fn for name, fn in replacements.items()})
     try:
@@ -733,7 +776,61 @@ def _gap(e: BaseException, file: str) -> str | None:
         return f"Triton tried to launch on a GPU driver: {msg}"
     if _under(file, "torch.cuda"):
         return f"the kernel needs CUDA: {msg}"
+    return _library_failure(e, file)
+
+
+def _library_failure(e: BaseException, file: str) -> str | None:
+    """The cause when ``e``, raised in ``file``, is a kernel library failing in its own code
+    with the versions installed here: numpy refusing the library's conversion of an array to
+    a scalar, a deprecation of it made an error, a name it imports or uses missing."""
+    library = _library(file)
+    msg = _one_line(e)
+    if library is None:
+        return None
+    if isinstance(e, TypeError) and any(m in str(e) for m in _NUMPY_SCALAR_CONVERSION):
+        return (f"{library} fails in its own code under numpy {_version('numpy')} (its "
+                "conversion of an array to a Python scalar, which numpy < 2.4 allowed; not "
+                f"the kernel's): {msg}")
+    if isinstance(e, (DeprecationWarning, PendingDeprecationWarning, FutureWarning)):
+        return f"a deprecation warning of {library}, made an error by the warning filters: {msg}"
+    if isinstance(e, ImportError) or (isinstance(e, AttributeError) and _library_module(
+            getattr(e, "obj", None))):
+        return f"{library} does not work with the libraries installed here: {msg}"
     return None
+
+
+# numpy's words when an array cannot become a Python scalar (numpy 2.4 made int() and
+# float() of any array of rank > 0 one of them)
+_NUMPY_SCALAR_CONVERSION = (
+    "only 0-dimensional arrays can be converted to Python scalars",
+    "only length-1 arrays can be converted to Python scalars",
+    "only integer scalar arrays can be converted to a scalar index",
+    "can only convert an array of size 1 to a Python scalar",
+)
+_LIBRARIES = ("triton", "helion", "numpy", "torch")
+
+
+def _version(distribution: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return "(version unknown)"
+
+
+def _library(file: str) -> str | None:
+    """``"triton 3.6.0"`` when ``file`` is part of one of the kernel libraries."""
+    for name in _LIBRARIES:
+        if _under(file, name):
+            return f"{name} {_version(name)}"
+    return None
+
+
+def _library_module(obj: Any) -> bool:
+    """Whether ``obj`` is a module of one of the kernel libraries (``numpy.foo``)."""
+    name = getattr(obj, "__name__", "") if inspect.ismodule(obj) else ""
+    return name.split(".")[0] in _LIBRARIES
 
 
 def _one_line(e: BaseException) -> str:
@@ -745,7 +842,11 @@ def environment_error(exc: BaseException) -> str | None:
     the execution machinery rather than from the kernel; ``None`` when it is the kernel's.
 
     Conservative: besides an :class:`ExecutionEnvironmentError` anywhere in the chain
-    (raised only by this module), an exception counts only when it was raised inside
+    (raised only by this module) and a kernel library failing in its own code with the
+    versions installed here anywhere in it (:func:`_library_failure`: numpy 2.4 refusing
+    triton 3.6's ``int()`` of a one-element array, a deprecation made an error, a name the
+    library imports missing; raised inside triton, helion, numpy or torch, never in the
+    kernel's files), an exception counts only when it was raised inside
     triton, helion, torch, numpy or this module *and* is a known gap there (interpreter
     features it lacks, a GPU driver or CUDA asked for on CPU, this module failing), and
     only if every exception wrapping it was raised by that machinery too. Anything raised
@@ -753,9 +854,16 @@ def environment_error(exc: BaseException) -> str | None:
     asserts, and shape or type errors the compiler would report on a GPU too, return None.
     """
     chain = _causes(exc)
+    if any(isinstance(e, NotAScalar) for e in chain):
+        return None
     for e in chain:
         if isinstance(e, ExecutionEnvironmentError):
             return _one_line(e)
+    for e in chain:  # a library failing in its own code: wrapped by the kernel's or not
+        file = _raising_file(e)
+        cause = None if file is None else _library_failure(e, file)
+        if cause is not None:
+            return cause
     for e in chain:
         file = _raising_file(e)
         if file is None or not _machinery(file):
