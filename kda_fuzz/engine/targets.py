@@ -34,6 +34,11 @@ def import_object(spec: str, what: str = "CALLABLE") -> Any:
         raise TargetError(f"{spec!r} is not of the form MODULE:{what}")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
+    # a Helion kernel giving no config of its own runs Helion's default config here, unless
+    # the user asks for autotuning (configs.helion_autotunes); helion is not imported here
+    from kda_fuzz.execution.configs import install_defaults
+
+    install_defaults()
     try:
         mod = importlib.import_module(module)
     except Exception as e:

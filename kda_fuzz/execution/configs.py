@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kda_fuzz.execution.patching import wrap_once
+from kda_fuzz.execution.patching import after_import, wrap_once
 
 NOTE = "kernel_configs"  # the key of Case.notes under which a finding's configs are saved
 OPTION = "--helion-configs"  # the command line's name for it (the summary names it)
@@ -365,6 +365,86 @@ def _hook_helion(module: Any) -> None:
     wrap_once(module.BoundKernel, "__call__", on_bound)
 
 
+# --- Helion kernels without a config of their own: Helion's default config -------------
+
+AUTOTUNE_ENV = "KDA_FUZZ_HELION_AUTOTUNE"  # set by --helion-autotune (children inherit it)
+AUTOTUNE_OPTION = "--helion-autotune"
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def helion_autotunes() -> bool:
+    """Whether a Helion kernel that gives no config of its own autotunes here, as Helion
+    would: only when the user asks, with ``--helion-autotune`` (``KDA_FUZZ_HELION_AUTOTUNE=1``)
+    or Helion's own variables (``HELION_FORCE_AUTOTUNE=1``, any ``HELION_AUTOTUNE_EFFORT``:
+    ``none`` is Helion's default config anyway, ``HELION_USE_DEFAULT_CONFIG=0``: older
+    helions' switch, which 1.4 and 1.5 no longer read). Otherwise it runs Helion's default
+    config: autotuning on the first call of every shape in every job spent a GPU campaign's
+    minute on one example."""
+    env = os.environ
+
+    def flag(name: str) -> str:
+        return env.get(name, "").strip().lower()
+
+    return flag(AUTOTUNE_ENV) in _TRUE or flag("HELION_FORCE_AUTOTUNE") in _TRUE \
+        or bool(flag("HELION_AUTOTUNE_EFFORT")) or flag("HELION_USE_DEFAULT_CONFIG") in _FALSE
+
+
+def ask_autotuning() -> None:
+    """``--helion-autotune``: this process and those it starts let Helion autotune."""
+    os.environ[AUTOTUNE_ENV] = "1"
+
+
+def policy_note(device: str) -> str:
+    """The start line's words for how Helion kernels without a config of their own run."""
+    if device == "cpu":
+        return ("Helion kernels without a config of their own run Helion's default config "
+                "(never autotuned on cpu)")
+    if helion_autotunes():
+        return "Helion kernels without a config of their own autotune (as Helion would)"
+    return (f"Helion kernels without a config of their own run Helion's default config "
+            f"({AUTOTUNE_OPTION} to autotune)")
+
+
+def _gives_no_config(bound: Any) -> bool:
+    """Whether Helion would autotune ``bound`` only because its kernel names no config:
+    none set, none implicit (``autotune_effort="none"`` is Helion's default config), none
+    declared, and neither the kernel's settings nor the user force autotuning."""
+    kernel = bound.kernel
+    settings = getattr(kernel, "settings", None)
+    implicit = getattr(bound, "_implicit_config", None)
+    if implicit is None:  # a Helion this does not know: leave its choice to it
+        return False
+    return getattr(bound, "_config", None) is None and not list(kernel.configs or ()) \
+        and not getattr(settings, "force_autotune", False) and implicit() is None
+
+
+def default_config_hook(module: Any) -> None:
+    """Wrap ``BoundKernel.ensure_config_exists`` (where Helion 1.4 and 1.5 decide to
+    autotune a first call) so that a kernel giving no config of its own runs
+    ``config_spec.default_config()`` unless :func:`helion_autotunes`. A kernel's own config
+    (``config=``, one of ``configs=``; several: Helion picks among them as it would), one set
+    on its bound kernel or autotuned before, is left as it is. A bound kernel given the
+    default here keeps it for the rest of the process (Helion's own ``set_config``)."""
+    bound_cls = getattr(module, "BoundKernel", None)
+    if bound_cls is None or not hasattr(bound_cls, "ensure_config_exists"):
+        return
+
+    def on_ensure(ensure: Any) -> Any:
+        def default_unless_asked(self: Any, args: Any, *rest: Any, **kwargs: Any) -> Any:
+            if not helion_autotunes() and _gives_no_config(self):
+                self.set_config(self.config_spec.default_config())
+                return None
+            return ensure(self, args, *rest, **kwargs)
+        return default_unless_asked
+
+    wrap_once(bound_cls, "ensure_config_exists", on_ensure)
+
+
+def install_defaults() -> None:
+    """Apply :func:`default_config_hook` to Helion now or as soon as it is imported."""
+    after_import("helion.runtime.kernel", default_config_hook)
+
+
 # --- Triton autotuners --------------------------------------------------------------------
 
 
@@ -432,6 +512,8 @@ def install() -> None:
         _hook_autotuner(autotuner)
 
 
-__all__ = ["NOTE", "OPTION", "Alternative", "ConfigUnavailable", "active", "alternative",
-           "alternatives", "autotune_choice", "choose", "compiled", "describe", "fit_to_call",
-           "install", "launched", "misaligned", "note", "pinned", "tag", "unavailable"]
+__all__ = ["AUTOTUNE_ENV", "AUTOTUNE_OPTION", "NOTE", "OPTION", "Alternative",
+           "ConfigUnavailable", "active", "alternative", "alternatives", "ask_autotuning",
+           "autotune_choice", "choose", "compiled", "default_config_hook", "describe",
+           "fit_to_call", "helion_autotunes", "install", "install_defaults", "launched",
+           "misaligned", "note", "pinned", "policy_note", "tag", "unavailable"]

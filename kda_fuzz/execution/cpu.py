@@ -65,7 +65,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-import importlib.abc
 import inspect
 import os
 import sys
@@ -76,7 +75,7 @@ import numpy as np
 import torch
 
 from kda_fuzz.execution import compiles, configs, variants
-from kda_fuzz.execution.patching import wrap_once
+from kda_fuzz.execution.patching import after_import, wrap_once
 
 CpuMode = Literal["triton", "eager"]
 ENV_VAR = "KDA_FUZZ_CPU_MODE"
@@ -338,42 +337,18 @@ _HOOKS: dict[str, Callable[[Any], None]] = {
 }
 
 
-class _HookOnImport(importlib.abc.MetaPathFinder):
-    """Applies a hook of ``_HOOKS`` as soon as its module is imported (helion takes
-    seconds to import: configure_cpu must not import it)."""
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname not in _HOOKS:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        exec_module = getattr(spec.loader, "exec_module", None)
-        if exec_module is not None:
-
-            def exec_and_hook(module: Any) -> None:
-                exec_module(module)
-                _HOOKS[fullname](module)
-                variants.install()  # (variant coverage: the same modules' launches)
-
-            spec.loader.exec_module = exec_and_hook
-        return spec
+def _variants_too(_: Any) -> None:
+    variants.install()  # (variant coverage: the same modules' launches)
 
 
 def _install_hooks() -> None:
     """Route Helion and Triton kernels called on CPU tensors through this module: Helion's
-    generated Triton and plain ``@triton.jit`` kernels under the patched interpreter."""
+    generated Triton and plain ``@triton.jit`` kernels under the patched interpreter (as soon
+    as each module is imported: configure_cpu must not import helion)."""
     for name, hook in _HOOKS.items():
-        if name in sys.modules:
-            hook(sys.modules[name])
-    variants.install()
-    if not any(isinstance(f, _HookOnImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _HookOnImport())
+        after_import(name, hook)
+        after_import(name, _variants_too)
+    after_import("helion.runtime.kernel", configs.default_config_hook)
 
 
 # --- interpreter patches -------------------------------------------------------------------
