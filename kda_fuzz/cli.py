@@ -254,6 +254,10 @@ def _fuzz_parser(sub: Any, knobs: Sequence[Any] | None = None) -> None:
                         "@triton.autotune kernel (its other declared configs, in order), each "
                         "judged against the reference; configs that do not compile or run are "
                         "skipped (default: 0)")
+    g.add_argument("--helion-autotune", action="store_true",
+                   help="let a Helion kernel that gives no config of its own autotune on its "
+                        "first call of each shape, as Helion would (default: it runs "
+                        "Helion's default config; autotuning takes minutes per shape and job)")
     g.add_argument("--cuda-graphs", action="store_true",
                    help="also capture one valid example in 4 in a CUDA graph and judge its "
                         "replay on other values of the same buffers, as serving engines run "
@@ -534,9 +538,14 @@ def _start_line(args: argparse.Namespace, jobs: int) -> str:
     c = args.chosen
     auto = (" (auto: 8 per GPU)" if args.device.startswith("cuda") else " (auto: one per "
             "core)") if args.jobs == "auto" else ""
-    return (f"kda-fuzz: fuzzing {c.family}/{c.variant} ({c.why}) on {args.device}: "
+    line = (f"kda-fuzz: fuzzing {c.family}/{c.variant} ({c.why}) on {args.device}: "
             f"{', '.join(c.targets.specs)} ({SOURCES[c.targets.source]}); "
             f"{jobs} job(s){auto}")
+    if "helion" in sys.modules:  # a target imported it
+        from kda_fuzz.execution.configs import policy_note
+
+        line += f"; {policy_note(args.device)}"
+    return line
 
 
 def _supervisor(args: argparse.Namespace, names: tuple[list[str], list[str]], jobs: int,
@@ -585,6 +594,10 @@ def _fuzz(args: argparse.Namespace, signals: Any = None) -> int:
 
     contract = _contract(args)
     shard = _shard(args)
+    if getattr(args, "helion_autotune", False):  # before any process is started: they inherit it
+        from kda_fuzz.execution.configs import ask_autotuning
+
+        ask_autotuning()
     if not (args.no_isolate and args.jobs == "1"):
         from kda_fuzz.execution import kernel_libraries
         from kda_fuzz.workers.process import start_fork_server
