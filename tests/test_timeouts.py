@@ -103,3 +103,42 @@ def test_draws_like_faulting_layouts_get_less_of_the_budget_and_replay_alike() -
     assert [again.admits((0, 1, i), "valid", c)[0] for i, c in enumerate(draws[30:], 30)] \
         == [ok for ok, _ in decided[30:]]
     assert MIN_SHARE > 0 and len(features("valid", small[0])) > 10
+
+
+def test_a_hang_is_proven_under_the_ceiling_whatever_the_calibration() -> None:
+    """The re-run that turns a call past its calibrated limit into a hang gets the whole
+    ``--timeout``: a 14 s first call of a new shape on a loaded machine is slow, not hung."""
+    from kda_fuzz.campaign.timeouts import confirm_limit
+
+    assert confirm_limit(2.0, 60.0) == 60.0
+    assert confirm_limit(0.5, 5.0) == 5.0
+    assert confirm_limit(60.0, 60.0) == 60.0
+
+
+def test_a_minimized_hang_is_kept_only_if_it_does_not_return_within_the_ceiling() -> None:
+    """Its candidates were judged under the shorter calibrated limit: the saver runs the
+    minimized case again under ``--timeout`` and keeps it only if it hangs there too."""
+    from types import SimpleNamespace
+
+    from kda_fuzz.campaign.findings import FindingSaver
+    from kda_fuzz.families import get_contract
+
+    saver = FindingSaver(get_contract("kda"), None, seed=1, timeout=30.0)
+    limits: list[float] = []
+
+    class Iso:
+        timeout = 2.0
+
+        def __init__(self, hangs: bool) -> None:
+            self.hangs = hangs
+
+        def run(self, case):
+            limits.append(self.timeout)
+            kind = "timeout" if self.hangs else None
+            return SimpleNamespace(verdict=None if kind is None else SimpleNamespace(kind=kind))
+
+    for hangs in (True, False):
+        iso = Iso(hangs)
+        assert saver._proven_hang(iso, object()) is hangs  # type: ignore[arg-type]
+        assert iso.timeout == 2.0  # its calibrated limit back for the next candidate
+    assert limits == [30.0, 30.0]

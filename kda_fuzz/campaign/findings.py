@@ -192,12 +192,32 @@ class FindingSaver:
                     self._check()  # a worker killed by ``cut`` is no crash of the target
                     return outcome
 
-                self._minimize(f, run)
+                def proven(case: Any) -> bool:
+                    return self._proven_hang(iso, case)
+
+                self._minimize(f, run, proven)
             finally:
                 with self._lock:
                     self._live.discard(iso)
 
-    def _minimize(self, f: Failure, run: Callable[[Any], Outcome]) -> None:
+    def _proven_hang(self, iso: IsolatedTarget, case: Any) -> bool:
+        """Whether ``case`` does not return within the ceiling (``--timeout``) either: a
+        minimized hang is kept only then (its candidates were judged under the shorter
+        calibrated limit, which a slow but returning call may pass)."""
+        if self.deadline is not None and \
+                time.monotonic() + self.timeout > self.deadline - SAVE_MARGIN:
+            return False  # no time to prove it: the proven case as found is kept
+        limit, iso.timeout = iso.timeout, self.timeout
+        try:
+            self._check()
+            outcome = iso.run(case)
+            self._check()
+        finally:
+            iso.timeout = limit
+        return outcome.verdict is not None and outcome.verdict.kind == "timeout"
+
+    def _minimize(self, f: Failure, run: Callable[[Any], Outcome],
+                  proven: Callable[[Any], bool] | None = None) -> None:
         if self._out_of_time():
             return
         seconds = self.shrink_seconds
@@ -209,6 +229,16 @@ class FindingSaver:
                                                   f.verdict, run=run, seconds=seconds)
         except _Cut:
             return
+        if (proven is not None and verdict.kind == "timeout" and case is not f.case
+                and candidate_timeout(f.verdict, self.timeout) < self.timeout):
+            try:
+                if not proven(case):
+                    f.note = (f.note + "; " if f.note else "") + (
+                        "the minimized case returned within --timeout: the hang is saved "
+                        "as found")
+                    return
+            except _Cut:
+                return
         f.original, f.case, f.verdict = f.case, case, minimized_detail(f.verdict, verdict,
                                                                        self.timeout)
         if seconds < self.shrink_seconds and time.monotonic() >= end:

@@ -18,10 +18,11 @@ never below ``FLOOR`` seconds (``COMPILE_FLOOR`` for a call that may compile, a 
 call of a new shape or process, once the process has seen the target's kernels compile:
 compile times vary with the shape and with the jobs compiling beside it) nor above the
 ceiling. A call past its limit is not yet a
-hang: the first one of a target is run again under :func:`confirm_limit` (AFL re-runs a
-hang with a longer timeout likewise), so that a slow but returning call on a loaded
-machine is never reported; only one that does not return then either is a ``timeout``
-finding, and the limits stay calibrated for the rest. What was learned lives in a plain
+hang: until a target has a proven hang, each such call is run again under the ceiling
+(:func:`confirm_limit`; AFL re-runs a hang with a longer timeout likewise), so that a
+slow but returning call on a loaded machine is never reported; only one that does not
+return within the ceiling either is a ``timeout`` finding (the re-run's time is learned
+like any call's). What was learned lives in a plain
 array of floats (the job's shared flight record), so it survives the job's restarts.
 """
 
@@ -35,7 +36,6 @@ from kda_fuzz.engine.case import Case
 
 FLOOR = 2.0  # seconds: no call is a hang before this (a GC pause, a page fault storm)
 COMPILE_FLOOR = 10.0  # ... nor a call that may compile, of a target seen compiling
-CONFIRM_FLOOR = 20.0  # seconds the re-run of a target's first call past its limit may take
 MULTIPLE = 10.0  # the limit is this many times the slowest comparable call seen
 MAX_SCALE = 8.0  # a larger class extrapolated from a smaller one: at most this many times
 CLASSES = 64  # size classes: bit lengths of a case's tensor element count
@@ -135,9 +135,10 @@ class Calibration:
 
 
 def confirm_limit(limit: float, ceiling: float) -> float:
-    """The limit of the re-run that confirms a call past ``limit`` as a hang: ``MULTIPLE``
-    times it, at least ``CONFIRM_FLOOR`` seconds, at most the ceiling."""
-    return min(ceiling, max(CONFIRM_FLOOR, MULTIPLE * limit))
+    """The limit of the re-run that proves a call past ``limit`` a hang: the ceiling
+    (``--timeout``) itself, whatever the calibration said: a call that returns within
+    it is slow, never hung."""
+    return max(limit, ceiling)
 
 
 class _Slice:
@@ -196,6 +197,6 @@ def note(summary: dict[str, Any]) -> str:
                                   "longer limit: slow, not hung" if back else ""))
 
 
-__all__ = ["CLASSES", "COMPILE_FLOOR", "CONFIRM_FLOOR", "FLOOR", "MULTIPLE", "Calibration",
+__all__ = ["CLASSES", "COMPILE_FLOOR", "FLOOR", "MULTIPLE", "Calibration",
            "confirm_limit", "describe", "merged", "note", "shape_key", "size_class",
            "store_size"]
