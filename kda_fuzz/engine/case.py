@@ -54,6 +54,82 @@ class TensorArg:
         return TensorArg(self.base.to(device), self.shape, self.stride, self.offset)
 
 
+INT_SENTINEL = 2**30 + 7  # the guard value of integer buffers: an out-of-range index if read
+
+
+def sentinel(dtype: torch.dtype) -> float | int | bool:
+    """The value guard cells of a ``dtype`` buffer hold (NaN for floating dtypes)."""
+    if dtype.is_floating_point or dtype.is_complex:
+        return float("nan")
+    if dtype == torch.bool:
+        return False
+    return min(INT_SENTINEL, torch.iinfo(dtype).max)
+
+
+def _dense(shape: Sequence[int], pad: Sequence[int]) -> tuple[int, ...]:
+    out, step = [], 1
+    for n, extra in zip(reversed(shape), reversed(pad)):
+        step += extra
+        out.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(out))
+
+
+def _overlaps(shape: Sequence[int], stride: Sequence[int]) -> bool:
+    reach = 1
+    for s, n in sorted((s, n) for s, n in zip(stride, shape) if n > 1):
+        if s < reach:
+            return True
+        reach += (n - 1) * s
+    return False
+
+
+def guarded_arg(shape: Sequence[int], dtype: torch.dtype, values: torch.Tensor | None = None,
+                *, stride: Sequence[int] | None = None, pad: Sequence[int] | None = None,
+                guard: int = 0, device: str | torch.device = "cpu") -> TensorArg:
+    """A tensor argument of ``shape`` and ``dtype``: a view of a base buffer whose other
+    cells hold :func:`sentinel` (guard cells, which a target must not write), holding
+    ``values`` (converted to ``dtype``; None: sentinels).
+
+    ``stride``: the view's strides (default: row-major); ``pad``: instead, the guard cells
+    after each step along each dimension (on ``[4, 8]``, ``pad=(3, 0)``: rows 11 apart,
+    8 elements then 3 guard cells; ``pad=(0, 1)``: elements 2 apart, rows 16); ``guard``:
+    guard cells before and after the view. A row-major view
+    with neither padding nor guard cells has no cell left for a sentinel. On the ``meta``
+    device the base carries no data."""
+    shape = tuple(int(n) for n in shape)
+    if stride is not None and pad is not None:
+        raise ValueError("give stride or pad, not both")
+    if pad is not None and len(pad) != len(shape):
+        raise ValueError(f"pad {tuple(pad)} does not match shape {shape}")
+    if stride is not None and len(stride) != len(shape):
+        raise ValueError(f"stride {tuple(stride)} does not match shape {shape}")
+    if guard < 0 or any(p < 0 for p in pad or ()) or any(s < 0 for s in stride or ()):
+        raise ValueError("strides, pads and guard cells cannot be negative")
+    dense = _dense(shape, (0,) * len(shape))
+    stride = tuple(int(s) for s in stride) if stride is not None else _dense(shape, pad or
+                                                                             (0,) * len(shape))
+    foot = footprint(shape, stride)
+    size = 2 * guard + foot
+    if torch.device(device).type == "meta":
+        return TensorArg(torch.empty(size, dtype=dtype, device="meta"), shape, stride, guard)
+    if values is not None and foot and not guard and values.numel() == foot and all(
+            s == d for s, d, n in zip(stride, dense, shape) if n > 1):
+        # a row-major view covering its whole base: no cell is left for a sentinel
+        base = torch.empty(size, dtype=dtype, device=device).copy_(values.reshape(-1))
+        return TensorArg(base, shape, stride)
+    base = torch.full((size,), sentinel(dtype), dtype=dtype, device=device)
+    arg = TensorArg(base, shape, stride, guard)
+    if values is not None and foot:
+        if not _overlaps(shape, stride):
+            arg.view().copy_(values.reshape(shape))  # converts to dtype as it copies
+        else:  # overlapping view (a zero stride): fill the cells it reaches, in base order
+            flat = values.flatten().to(dtype)
+            n = min(foot, flat.numel())
+            base[guard : guard + n] = flat[:n]
+    return arg
+
+
 @dataclass
 class Case:
     """Arguments of one call of a contract's entry point, plus how they were made.

@@ -13,9 +13,10 @@ from typing import Any, Protocol
 
 import torch
 
-from kda_fuzz.engine.case import Case, TensorArg, footprint
+# the guard values, as the layouts build them (INT_SENTINEL re-exported)
+from kda_fuzz.engine.case import INT_SENTINEL as INT_SENTINEL
+from kda_fuzz.engine.case import Case, TensorArg, footprint, sentinel
 
-INT_SENTINEL = 2**30 + 7  # the guard value of integer buffers (as the layouts build them)
 SMALL_AXIS = 64  # axes up to this long try every chunk position ...
 MAX_POSITIONS = 8  # ... longer ones this many per chunk size
 
@@ -85,14 +86,6 @@ class Skip(Exception):
 
 
 # ------------------------------------------------------------------ tensor helpers
-
-
-def sentinel(dtype: torch.dtype) -> float | int | bool:
-    if dtype.is_floating_point or dtype.is_complex:
-        return float("nan")
-    if dtype == torch.bool:
-        return False
-    return min(INT_SENTINEL, torch.iinfo(dtype).max)
 
 
 def tail(arg: TensorArg) -> int:

@@ -20,7 +20,7 @@ import torch
 from hypothesis import reject
 from hypothesis import strategies as st
 
-from kda_fuzz.engine.case import Case, TensorArg, footprint
+from kda_fuzz.engine.case import Case, TensorArg, guarded_arg
 from kda_fuzz.families.packed.pins import normalize as pin_strategies
 
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)
@@ -29,7 +29,6 @@ POW2 = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 EDGE_DIMS = (1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 48, 63, 64, 65, 96, 100, 127,
              128, 129, 160, 192, 255, 256)
 EDGE_B = (1, 2, 3, 31, 32, 33, 64, 65, 127, 128, 255, 256)
-INT_SENTINEL = 2**30 + 7  # guard value of index buffers: an out-of-range slot if read
 DEFAULT_BUDGET = 1 << 18  # B * HV * V * K elements of state touched per valid case
 
 
@@ -128,50 +127,9 @@ def _uniform(gen: torch.Generator, n: int, lo: float, width: float) -> torch.Ten
 def strided_arg(shape: tuple[int, ...], dtype: torch.dtype, values: torch.Tensor | None,
                 stride: tuple[int, ...] | None = None, guard: int = 0,
                 device: str | torch.device = "cpu") -> TensorArg:
-    """A ``TensorArg`` of ``shape``/``stride`` in a base with ``guard`` sentinel cells each side."""
-    dense = _contiguous(shape)
-    if stride is None:
-        stride = dense
-    foot = footprint(shape, stride)
-    size = 2 * guard + foot
-    if torch.device(device).type == "meta":
-        return TensorArg(torch.empty(size, dtype=dtype, device="meta"), shape, stride, guard)
-    if values is not None and foot and not guard and values.numel() == foot and all(
-            s == d for s, d, n in zip(stride, dense, shape) if n > 1):
-        # a row-major view covering its whole base: no cell is left for a sentinel
-        base = torch.empty(size, dtype=dtype, device=device).copy_(values.reshape(-1))
-        return TensorArg(base, tuple(shape), tuple(stride))
-    sentinel = float("nan") if dtype.is_floating_point else INT_SENTINEL
-    base = torch.full((size,), sentinel, dtype=dtype, device=device)
-    arg = TensorArg(base, tuple(shape), tuple(stride), guard)
-    if values is not None and foot:
-        if not _overlaps(shape, stride):
-            arg.view().copy_(values.reshape(shape))  # converts to dtype as it copies
-        else:  # overlapping view (a zero stride): fill the cells it reaches, in base order
-            flat = values.flatten().to(dtype)
-            n = min(foot, flat.numel())
-            base[guard : guard + n] = flat[:n]
-    return arg
-
-
-def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """Row-major strides of ``shape``."""
-    out, step = [], 1
-    for n in reversed(shape):
-        out.append(step)
-        step *= max(n, 1)
-    return tuple(reversed(out))
-
-
-def _overlaps(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
-    """Whether two indices of the view may reach one element (a sufficient test: each dim's
-    stride, in increasing order, clears the reach of the dims below it)."""
-    reach = 1
-    for s, n in sorted((s, n) for s, n in zip(stride, shape) if n > 1):
-        if s < reach:
-            return True
-        reach += (n - 1) * s
-    return False
+    """A ``TensorArg`` of ``shape``/``stride`` in a base with ``guard`` sentinel cells each side
+    (:func:`kda_fuzz.engine.case.guarded_arg`)."""
+    return guarded_arg(shape, dtype, values, stride=stride, guard=guard, device=device)
 
 
 def _row_strided(gen: torch.Generator, rows: int, width: int, pad: int, dtype: torch.dtype,
