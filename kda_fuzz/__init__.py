@@ -15,6 +15,22 @@ __all__ = ["__version__", "assert_conforms", "check", "strategies"]
 _kernels_path.install()
 
 
+def _project_family_specs() -> list[str]:
+    """The ``[tool.kda-fuzz] families`` of the project the current directory is in."""
+    from kda_fuzz.config import project_families
+
+    return project_families()
+
+
+def _install_project_families() -> None:
+    from kda_fuzz import families
+
+    families.PROJECT_FAMILIES = _project_family_specs
+
+
+_install_project_families()
+
+
 def __getattr__(name: str) -> Any:
     if name in ("check", "assert_conforms"):
         from kda_fuzz import conformance

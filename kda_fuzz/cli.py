@@ -107,8 +107,8 @@ def _targets_group(p: argparse.ArgumentParser, replay: bool) -> argparse._Argume
                    help=f"kernel family: {', '.join(FAMILIES)} or one of the project's "
                         "[tool.kda-fuzz] families (default: "
                         + ("each file's own" if replay else
-                           "the one the project configures targets for, else "
-                           f"{DEFAULT_FAMILY}") + ")")
+                           "[tool.kda-fuzz] family, else the one the project configures "
+                           f"targets for, else {DEFAULT_FAMILY}") + ")")
     g.add_argument("--contract", default=None, metavar="VARIANT",
                    help="contract variant, {" + ",".join(VARIANTS) + "} (kda: helion = "
                         "checks 1-22, triton = no check 14; gdn: triton = the documented "
@@ -491,8 +491,9 @@ def _target_specs(args: argparse.Namespace, contract: Any) -> tuple[list[str], l
 
 def _families(family: str | None) -> dict[str, tuple[str, ...]]:
     """Family -> variants: the built-in ones (no import), plus the project's own when
-    ``family`` is none of those (importing them: they are only known by their contracts)."""
-    if family is None or family in FAMILIES or not _config().families:
+    ``family`` is none of those or not named (importing them: they are only known by
+    their contracts)."""
+    if family in FAMILIES or not _config().families:
         return FAMILIES
     _project_families()
     from kda_fuzz.families import family_names, get_contract
@@ -674,7 +675,8 @@ def _fuzz(args: argparse.Namespace, signals: Any = None) -> int:
                 skip=frozenset(f.signature for f in replay.failures) if replay else frozenset(),
                 on_found=progress.found, on_saved=progress.saved,
                 reproduce=lambda f: replay_command_line(f.target, f.saved, variant=args.contract,
-                                                        device=args.device, timeout=args.timeout))
+                                                        device=args.device, timeout=args.timeout,
+                                                        family=contract.name))
             if jobs == 1 and args.no_isolate:
                 by_name = {t.name: t for t in [*targets, *peers]}
                 with signals.stopping(saver.request):
@@ -973,7 +975,8 @@ def _save(report: Any, contract: Any, corpus: str, args: argparse.Namespace,
         try:
             f.saved = str(save_failure(f, corpus, contract=contract, seed=report.seed))
             f.reproduce = replay_command_line(f.target, f.saved, variant=report.variant,
-                                              device=args.device, timeout=args.timeout)
+                                              device=args.device, timeout=args.timeout,
+                                              family=contract.name)
             if f.note.startswith(SEEN_AGAIN):  # a bug the corpus already holds
                 print(f"kda-fuzz: {f.verdict.kind}/{f.verdict.what} on {f.target}: {f.note}",
                       file=sys.stderr)
@@ -1060,13 +1063,24 @@ def _replay(args: argparse.Namespace) -> int:
     _check_sanitize(args)
     from kda_fuzz.families import CONTRACTS
 
+    named = [args.family] if args.family is not None else _file_families(args.paths)
     for contract in CONTRACTS.values():  # every family a file may name
         _prepare_device(args.device, contract)
         if m is not None:
             break
     if args.target:  # checked at once: a bad --target is a usage error, not N bad files
-        _loaded(args.target, CONTRACTS[args.family or DEFAULT_FAMILY])
-    family = args.family if args.family is not None or not args.target else DEFAULT_FAMILY
+        for name in named or [DEFAULT_FAMILY]:
+            try:
+                _loaded(args.target, CONTRACTS[name])
+            except UsageError as e:
+                raise UsageError(f"{e}" + (f" (the files are of the families "
+                                           f"{', '.join(named)}: name one with --family)"
+                                           if len(named) > 1 else "")) from None
+        if len(named) > 1:
+            print(f"note: --target replays files of {len(named)} families "
+                  f"({', '.join(named)}), each under its own; --family keeps one",
+                  file=sys.stderr)
+    family = args.family
     cfg = _config()
 
     def targets(family: str, variant: str) -> Any:
@@ -1076,6 +1090,28 @@ def _replay(args: argparse.Namespace) -> int:
     return replay_paths(args.paths, targets, family=family, variant=args.contract,
                           device=args.device, as_json=args.json, timeout=args.timeout,
                           verbose=args.verbose, sanitize=args.sanitize)
+
+
+def _file_families(paths: Sequence[str]) -> list[str]:
+    """The known families the corpus files under ``paths`` record (their ``contract``
+    field; each loaded here), in order; files that cannot be read, or of a family not
+    known here, are left to the replay to report."""
+    from kda_fuzz.corpus.store import corpus_files
+    from kda_fuzz.families import get_contract
+
+    try:
+        files = corpus_files(paths)
+    except FileNotFoundError:
+        return []
+    names: dict[str, None] = {}
+    for path in files:
+        try:
+            name = json.loads(path.read_text(encoding="utf-8"))["contract"]["family"]
+            get_contract(name)
+        except Exception:  # not a corpus file, or another project's family
+            continue
+        names[name] = None
+    return list(names)
 
 
 def _show(args: argparse.Namespace) -> int:

@@ -8,6 +8,9 @@
     example_db = "redis://ci-redis:6379/0"  # optional: shared example database (a URL or
                                         # a folder; see kda_fuzz/campaign/exampledb.py)
     families = ["mypkg.contract:CONTRACT"]  # optional: the project's own contract families
+    family = "mine"                     # optional: the family plain `kda-fuzz fuzz` fuzzes
+                                        # (default: the one family targets are configured
+                                        # for; see choose_campaign)
     family_options = ["mypkg.knobs:KNOBS"]  # optional: their own `kda-fuzz fuzz` options
                                         # (a kda_fuzz.engine.knobs.Knobs in a module
                                         # that imports nothing heavy)
@@ -40,10 +43,11 @@ from pathlib import Path
 from typing import Any
 
 from kda_fuzz.engine.targets import SOURCES, TargetChoice, recorded_targets
+from kda_fuzz.names import FAMILIES as BUILTIN_FAMILIES
 
 TABLE = "kda-fuzz"
 DEFAULT_CORPUS = ("corpus",)
-KEYS = ("corpus", "targets", "hypothesis_profile", "example_db", "families",
+KEYS = ("corpus", "targets", "hypothesis_profile", "example_db", "families", "family",
         "family_options", "layouts", "unsupported")
 
 
@@ -85,6 +89,7 @@ class Config:
     hypothesis_profile: str | None = None
     example_db: str | None = None
     families: tuple[str, ...] = ()  # MODULE:ATTRIBUTE of the project's own Contracts
+    family: str | None = None  # the family a campaign fuzzes when none is named
     family_options: tuple[str, ...] = ()  # MODULE:ATTRIBUTE of their Knobs (light modules)
     layouts: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # named pins
     unsupported: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # per target
@@ -132,6 +137,9 @@ def parse(table: Mapping[str, Any], root: Path, path: Path | None = None) -> Con
         raise ConfigError(f"{where} example_db must be a non-empty string (a redis:// URL "
                           f"or a folder), got {example_db!r}")
     families = _strings(table.get("families", []), f"{where} families")
+    default_family = table.get("family")
+    if default_family is not None and not (isinstance(default_family, str) and default_family):
+        raise ConfigError(f"{where} family must be a family's name, got {default_family!r}")
     family_options = _strings(table.get("family_options", []), f"{where} family_options")
     for key, specs in (("families", families), ("family_options", family_options)):
         bad = [s for s in specs if s.count(":") != 1 or s.startswith(":") or s.endswith(":")]
@@ -167,7 +175,7 @@ def parse(table: Mapping[str, Any], root: Path, path: Path | None = None) -> Con
             targets[family][variant] = specs
     return Config(root=root, path=path, present=True, corpus=corpus, targets=targets,
                   hypothesis_profile=profile, example_db=example_db, families=families,
-                  family_options=family_options,
+                  family=default_family, family_options=family_options,
                   layouts=layouts, unsupported=unsupported)
 
 
@@ -188,6 +196,15 @@ def load_config(start: Path) -> Config:
     if not isinstance(table, dict):
         raise ConfigError(f"{path}: tool.{TABLE} must be a table")
     return parse(table, path.parent, path)
+
+
+def project_families(start: Path | None = None) -> list[str]:
+    """The ``families`` (``MODULE:ATTRIBUTE``) of the project containing ``start`` (default:
+    the current directory); raises ``ValueError`` for a configuration that cannot be read."""
+    try:
+        return list(load_config(Path.cwd() if start is None else start).families)
+    except ConfigError as e:
+        raise ValueError(str(e)) from None
 
 
 # ------------------------------------------------------------------ replay targets
@@ -232,23 +249,36 @@ def choose_campaign(config: Config, family: str | None, variant: str | None,
     """The one place a campaign's targets are chosen. ``family``/``variant``: as given on
     the command line (``None``: not given); ``override``: ``--target``; ``variants``: every
     family's variants, the first its default; ``defaults(family, variant)``: the
-    contract's own kernels. Without ``--target``, an unnamed family is the first of
-    ``variants`` when the project configures targets for it, else the one family it
-    configures; an unnamed variant is the one the project configures targets for. Several
-    configured and none named raises :class:`AmbiguousTargets` naming the choices."""
+    contract's own kernels.
+
+    An unnamed family is the configuration's ``family``; else the one family the project
+    configures targets for; else, when it configures several, the first of ``variants``
+    (``kda``) if that is one of them and all are built-in ones, else
+    :class:`AmbiguousTargets` naming the choices; with none configured, the first of
+    ``variants``. An unnamed variant is the one the project configures targets for
+    (several: :class:`AmbiguousTargets`), else the family's first; with ``override``, the
+    family's first."""
     configured = {f: v for f, v in config.targets.items() if v and f in variants}
     where = config.path or "pyproject.toml"
     default = next(iter(variants))
+    if family is None and config.family is not None:
+        if config.family not in variants:
+            raise ConfigError(f"{where}: [tool.{TABLE}] family = {config.family!r} is no "
+                              f"known family (known: {', '.join(variants)})")
+        family = config.family
     if family is None:
-        if override or not configured or default in configured:
+        if not configured:
             family = default
         elif len(configured) == 1:
             family = next(iter(configured))
+        elif default in configured and set(configured) <= set(BUILTIN_FAMILIES):
+            family = default
         else:
             raise AmbiguousTargets(
                 f"{where} configures targets for several families "
                 f"({', '.join(sorted(configured))}): choose one with "
-                + " or ".join(f"--family {f}" for f in sorted(configured)))
+                + " or ".join(f"--family {f}" for f in sorted(configured))
+                + f", or name it in [tool.{TABLE}] family = \"...\"")
     why = "the family's default variant"
     if variant is None:
         mine = [v for v in variants[family] if v in configured.get(family, {})]

@@ -61,7 +61,8 @@ def failure_report(target: str, case: Case, verdict: Verdict, saved: Path | None
              f"  layout: {layout_of(case)}"]
     if saved is not None:
         lines += [f"  saved: {saved}",
-                  f"  reproduce: {replay_command_line(target, saved, variant=case.variant)}"]
+                  "  reproduce: " + replay_command_line(target, saved, variant=case.variant,
+                                                        family=case.contract)]
     else:
         lines.append("  (run pytest with --kda-save-failures DIR to keep the case as a "
                      "corpus file)")
@@ -86,9 +87,9 @@ def assert_conforms(target: str | Callable[..., Any], case: Case, *,
     raise AssertionError(failure_report(t.name, case, verdict))
 
 
-def save_pending(directory: Path, test: str) -> tuple[Path, str, str] | None:
+def save_pending(directory: Path, test: str) -> tuple[Path, str, str, str] | None:
     """Save the last failing case of a test (its minimal one) as a corpus file: its path,
-    the target's name and the variant."""
+    the target's name, the variant and the family."""
     item = PENDING.pop("failure", None)
     if item is None:
         return None
@@ -96,4 +97,4 @@ def save_pending(directory: Path, test: str) -> tuple[Path, str, str] | None:
     path = save_case(case, verdict, directory,
                      description=f"{verdict.kind}/{verdict.what} on {name} in {test}",
                      origin={"target": name, "test": test, "tool": "pytest"})
-    return path, name, case.variant
+    return path, name, case.variant, case.contract

@@ -448,7 +448,8 @@ class CorpusItem(pytest.Item):
                                    category=None, filename=str(self.path), lineno=1)
         if rec.status == "FAIL":  # the first line is pytest's short summary: the failure
             lines = [f"  {r.target}: {r.summary()}\n    reproduce: "
-                     + replay_command_line(r.target, self.path, device=device, timeout=timeout)
+                     + replay_command_line(r.target, self.path, device=device, timeout=timeout,
+                                           family=case.contract)
                      for r in rec.failures]
             raise CorpusReplayFailure(
                 f"{rec.headline()}\n{head}\n  layout: {layout_of(case)}\n"
@@ -483,6 +484,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if saved is not None:
         from kda_fuzz.corpus.store import replay_command_line
 
-        path, target, variant = saved
+        path, target, variant, family = saved
+        line = replay_command_line(target, path, variant=variant, family=family)
         report.sections.append(("kda-fuzz", f"saved the failing case: {path}\nreproduce: "
-                                f"{replay_command_line(target, path, variant=variant)}"))
+                                f"{line}"))

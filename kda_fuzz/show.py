@@ -25,7 +25,7 @@ from kda_fuzz.corpus.replay import Entry, load_entry
 from kda_fuzz.corpus.store import DTYPE_NAMES, CorpusError, _le_bytes, replay_command_line
 from kda_fuzz.engine.case import Judging
 from kda_fuzz.engine.oracle import expectation
-from kda_fuzz.families import get_contract
+from kda_fuzz.families import BUILTIN, get_contract
 from kda_fuzz.report.progress import layout_of
 
 
@@ -92,7 +92,8 @@ def describe(entry: Entry, target: str | None = None, config: Config | None = No
                                                   if v))
     try:
         name = script_target(entry, target, config)
-        line = replay_command_line(name, entry.name, variant=case.variant)
+        line = replay_command_line(name, entry.name, variant=case.variant,
+                                   family=case.contract)
         lines.append(f"  reproduce:   {line}")
     except ShowError as e:
         lines.append(f"  reproduce:   {e}")
@@ -141,6 +142,9 @@ TENSORS = {tensors!r}
 RECORDED = {recorded!r}
 DOCUMENT = {document!r}  # the corpus file, for kda-fuzz's oracle
 CONFIGS = {configs!r}  # the Helion configs the finding ran under (--helion-configs)
+FAMILY = {family!r}
+FAMILIES = {families!r}  # the project's own families ([tool.kda-fuzz] families)
+PROJECT = {project!r}  # the project's folder: its modules
 _INT = {{1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}}
 
 
@@ -167,11 +171,22 @@ def build():
     return args
 
 
+def contract():
+    """The case's contract (needs kda-fuzz), the project's own families made known."""
+    for folder in (PROJECT, os.getcwd()):
+        if folder and folder not in sys.path:
+            sys.path.insert(0, folder)
+    from kda_fuzz.families import ENV_VAR, get_contract
+
+    if FAMILIES:
+        have = [s for s in os.environ.get(ENV_VAR, "").split(",") if s]
+        os.environ[ENV_VAR] = ",".join(dict.fromkeys([*have, *FAMILIES]))
+    return get_contract(FAMILY)
+
+
 def load_target():
     try:  # the project's kernels need kda-fuzz's CPU set-up (the Triton interpreter)
-        from kda_fuzz.families import get_contract
-
-        execution = get_contract({family!r}).execution
+        execution = contract().execution
         if DEVICE == "cpu" and execution is not None:
             execution.configure_cpu()
     except ImportError:
@@ -212,14 +227,14 @@ def main():
     try:
         from kda_fuzz.corpus.store import parse_case
         from kda_fuzz.engine.oracle import run_case
-        from kda_fuzz.families import get_contract
     except ImportError:
         print("kda-fuzz is not installed: not judged")
         return 0
+    family = contract()  # before the document is read: it names the family
     case, _, _ = parse_case(DOCUMENT, "repro")
     if DEVICE != "cpu":
         case = case.on(DEVICE)
-    outcome = run_case(get_contract(case.contract), case, fn)
+    outcome = run_case(family, case, fn)
     if outcome.status == "fail":
         print(f"REPRODUCED: {{outcome.verdict.summary()}}")
         return 1
@@ -233,11 +248,14 @@ if __name__ == "__main__":
 '''
 
 
-def script(entry: Entry, target: str) -> str:
-    """A standalone Python script that rebuilds ``entry``'s case and calls ``target``."""
+def script(entry: Entry, target: str, config: Config | None = None) -> str:
+    """A standalone Python script that rebuilds ``entry``'s case and calls ``target``
+    (``config``: the project's, whose own families the script makes known to kda-fuzz
+    for a case of one of them)."""
     case = entry.case
     contract = get_contract(case.contract)
     document = Path(entry.name).read_text(encoding="utf-8")
+    own = config is not None and bool(config.families) and case.contract not in BUILTIN
     return SCRIPT.format(
         name=Path(entry.name).name, family=case.contract, variant=case.variant,
         kind=entry.kind, description=" ".join(str(entry.meta["description"]).split()),
@@ -246,7 +264,9 @@ def script(entry: Entry, target: str) -> str:
         tensors={n: _tensor_literal(a) for n, a in case.tensors.items()},
         recorded=entry.verdict.summary() if entry.verdict is not None else "no verdict",
         document=json.dumps(json.loads(document), sort_keys=True),
-        configs=Judging.of(case).configs or None)
+        configs=Judging.of(case).configs or None,
+        families=tuple(config.families) if own and config is not None else (),
+        project=str(config.root) if own and config is not None else None)
 
 
 def show(path: str | os.PathLike[str], *, python: bool = False, target: str | None = None,
@@ -254,7 +274,7 @@ def show(path: str | os.PathLike[str], *, python: bool = False, target: str | No
     """The text ``kda-fuzz show`` prints for ``path``."""
     entry = _load(path)
     if python:
-        return script(entry, script_target(entry, target, config))
+        return script(entry, script_target(entry, target, config), config)
     return describe(entry, target, config)
 
 

@@ -14,6 +14,8 @@ contract variant they were drawn for. Give one to :func:`kda_fuzz.check` or
     def test_my_kernel(case):
         kda_fuzz.assert_conforms(my_kernel, case)
 
+A family is named (a built-in one, or one the ``pyproject.toml`` of the project the
+current directory is in registers) or given as its :class:`~kda_fuzz.engine.contract.Contract`.
 Both strategies compose like any other (``map``, ``filter``, ``one_of``, ``@example``
 with a case you built) and build on any device (``device="cuda"``). Shrinking is
 Hypothesis' own.
@@ -28,13 +30,13 @@ from hypothesis import strategies as st
 
 from kda_fuzz.engine.case import Case
 from kda_fuzz.engine.contract import Contract
-from kda_fuzz.families import get_contract
+from kda_fuzz.families import contract_of
 
 __all__ = ["breakages", "broken_layouts", "valid_layouts"]
 
 
 def _resolve(family: str | Contract, variant: str | None) -> tuple[Contract, str]:
-    contract = get_contract(family) if isinstance(family, str) else family
+    contract = contract_of(family)  # a project's family by name, or a Contract (registered)
     variant = variant or contract.variants[0]
     contract.checks_for(variant)  # raises ValueError naming the variants
     return contract, variant

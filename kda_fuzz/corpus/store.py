@@ -94,7 +94,7 @@ from kda_fuzz.engine.contract import Contract, Expectation
 from kda_fuzz.engine.oracle import Outcome, expectation, run_case
 from kda_fuzz.engine.verdict import Verdict
 from kda_fuzz.execution import RUNTIMES
-from kda_fuzz.families import get_contract
+from kda_fuzz.families import BUILTIN, get_contract
 from kda_fuzz.workers.isolate import IsolatedTarget
 
 SCHEMA = 2
@@ -1118,10 +1118,13 @@ def replay_entry(contract: Contract, case: Case, kind: str, targets: Sequence[An
 
 
 def replay_command_line(target: str, path: str | os.PathLike[str], *, variant: str | None = None,
-                        device: str = "cpu", timeout: float = HARD_TIMEOUT) -> str:
+                        device: str = "cpu", timeout: float = HARD_TIMEOUT,
+                        family: str | None = None) -> str:
     """The ``kda-fuzz replay`` command that runs ``path`` against ``target`` as it ran
-    (its device; its timeout when not the default)."""
+    (its family when not the default one; its device; its timeout when not the default)."""
     words = ["kda-fuzz replay --target", shlex.quote(target)]
+    if family and family != BUILTIN[0]:  # the first built-in family: the default
+        words += ["--family", shlex.quote(family)]
     if variant:
         words += ["--contract", variant]
     if device != "cpu":

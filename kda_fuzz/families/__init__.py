@@ -12,11 +12,17 @@ options (:class:`~kda_fuzz.engine.knobs.Knobs`) are named here by ``MODULE:ATTRI
 a module that imports nothing heavy (:data:`OPTIONS`), so that ``kda-fuzz`` answers
 ``--help`` and usage errors at once; a project's family declares its own in
 ``[tool.kda-fuzz] family_options`` or the entry-point group ``kda_fuzz.family_options``.
+
+Outside the command line and pytest (a script, a notebook), the first lookup of a family
+not known yet reads the ``families`` of the project the current directory is in (its
+``pyproject.toml``, as the command line does: :data:`PROJECT_FAMILIES`, installed by
+``kda_fuzz``'s own ``__init__``); :func:`register` adds a contract object directly.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +44,10 @@ ENTRY_POINTS = "kda_fuzz.families"
 OPTION_ENTRY_POINTS = "kda_fuzz.family_options"
 _loaded: set[str] = set()
 _contracts: dict[str, Contract] = {}
+# the MODULE:ATTRIBUTE specs of the families of the project the current directory is in
+# (its [tool.kda-fuzz] families); set by the front end (kda_fuzz/__init__.py), which may
+# read configuration files, as this layer may not
+PROJECT_FAMILIES: Callable[[], list[str]] | None = None
 
 
 def _registry() -> dict[str, Contract]:
@@ -66,25 +76,41 @@ def _user_specs() -> list[str]:
 def load_family(spec: str) -> Contract:
     """Import the :class:`Contract` named ``MODULE:ATTRIBUTE`` (the current directory on
     ``sys.path``) and register it; raises ``ValueError`` saying what is wrong."""
-    from kda_fuzz.engine.contract import Contract
-
-    contracts = _registry()
     try:
         obj = import_object(spec, "ATTRIBUTE")
     except TargetError as e:
         raise ValueError(f"cannot load family {spec!r}: {e}") from e
-    if not isinstance(obj, Contract):
-        raise ValueError(f"family {spec!r} is a {type(obj).__name__}, not a "
-                         "kda_fuzz Contract")
-    if obj.name in BUILTIN and contracts[obj.name] is not obj:
-        raise ValueError(f"family {spec!r} is named {obj.name!r}, a built-in family's name "
+    return register(obj, spec)
+
+
+def register(contract: Contract, spec: str | None = None) -> Contract:
+    """Make ``contract`` known by its name (to :func:`get_contract`, the corpus, replay);
+    raises ``ValueError`` for what is not a :class:`Contract` or takes a built-in family's
+    name (``spec``: where it came from, for the message)."""
+    from kda_fuzz.engine.contract import Contract
+
+    contracts = _registry()
+    what = f"family {spec!r}" if spec else "the family"
+    if not isinstance(contract, Contract):
+        raise ValueError(f"{what} is a {type(contract).__name__}, not a kda_fuzz Contract")
+    if contract.name in BUILTIN and contracts[contract.name] is not contract:
+        raise ValueError(f"{what} is named {contract.name!r}, a built-in family's name "
                          "(derive with dataclasses.replace(..., name='...'))")
-    contracts[obj.name] = obj
-    return obj
+    contracts[contract.name] = contract
+    return contract
 
 
-def _load_user_families() -> None:
-    for spec in _user_specs():
+def contract_of(family: str | Contract) -> Contract:
+    """The contract a family name names (:func:`get_contract`), or ``family`` itself when
+    it is a :class:`Contract` (registered, so that its cases can be judged and saved)."""
+    return get_contract(family) if isinstance(family, str) else register(family)
+
+
+def _load_user_families(project: bool = False) -> None:
+    specs = _user_specs()
+    if project and PROJECT_FAMILIES is not None:  # the current directory's project's
+        specs += PROJECT_FAMILIES()
+    for spec in dict.fromkeys(specs):
         if spec not in _loaded:
             load_family(spec)
             _loaded.add(spec)
@@ -95,6 +121,8 @@ def get_contract(name: str) -> Contract:
     contracts = _registry()
     if name not in contracts:
         _load_user_families()
+    if name not in contracts:
+        _load_user_families(project=True)
     try:
         return contracts[name]
     except KeyError:
@@ -142,5 +170,5 @@ def knobs_of(name: str) -> Knobs:
     return get_contract(name).knobs
 
 
-__all__ = ["CONTRACTS", "ENV_VAR", "family_names", "family_options", "get_contract",
-           "knobs_of", "load_family"]
+__all__ = ["CONTRACTS", "ENV_VAR", "contract_of", "family_names", "family_options",
+           "get_contract", "knobs_of", "load_family", "register"]

@@ -120,8 +120,8 @@ def _failures(report: Any) -> str:
             items.append(f"<p><b>Found</b>: {_e(found_after(f))} from the start</p>")
         if f.saved:
             items.append(f"<p><b>Saved</b>: <code>{_e(f.saved)}</code></p>")
-            items.append("<p><b>Reproduce</b></p><pre>" + _e(reproduce(f, report.variant))
-                         + "</pre>")
+            line = reproduce(f, report.variant, report.contract)
+            items.append("<p><b>Reproduce</b></p><pre>" + _e(line) + "</pre>")
         elif getattr(f, "note", ""):
             items.append(f"<p class='warn'>{_e(f.note)}</p>")
         else:

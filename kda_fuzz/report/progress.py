@@ -212,7 +212,7 @@ def print_summary(report: Any, file: Any = None) -> None:
             console.print(f"  found: {found_after(f)}")
         if f.saved:
             console.print(f"  saved: {escape(f.saved)}")
-            console.print(escape(f"  reproduce: {reproduce(f, report.variant)}"))
+            console.print(escape(f"  reproduce: {reproduce(f, report.variant, report.contract)}"))
 
 
 VARIANTS_SHOWN = 6  # per target in the terminal summary (--json and --report list all)
@@ -265,11 +265,11 @@ def family_rows(report: Any) -> list[tuple[str, str]]:
     return family.report_rows(report)
 
 
-def reproduce(failure: Any, variant: str) -> str:
+def reproduce(failure: Any, variant: str, family: str | None = None) -> str:
     """The command that replays a saved failure (its own, else a plain replay)."""
     if getattr(failure, "reproduce", ""):
         return failure.reproduce
-    return replay_command_line(failure.target, failure.saved, variant=variant)
+    return replay_command_line(failure.target, failure.saved, variant=variant, family=family)
 
 
 def layout_of(case: Any) -> str:
