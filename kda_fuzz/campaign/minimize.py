@@ -25,7 +25,11 @@ Moves come from two places. The engine's own, on any case: dtypes toward float32
 (indices toward int32), cheaper dtypes (bfloat16, float16) for bulky float tensors while
 the case is above ``SIMPLE_BYTES``, strides toward contiguous, cells outside a view (row
 padding, guards) set to the guard value in place (stored as fill runs), guard cells
-removed. The contract's :class:`~kda_fuzz.engine.contract.Shrinker` (``Contract.shrinker``),
+removed; above ``SIMPLE_BYTES``, bulky float tensors' values regenerated from recipes
+(:mod:`kda_fuzz.engine.recipe`, stored as a recipe plus a patch of the elements kept
+bit-exact: none, the non-finite ones, or what ddmin over positions keeps), and a
+tensor of a recipe regenerated at its new layout whenever a move reshapes it. The
+contract's :class:`~kda_fuzz.engine.contract.Shrinker` (``Contract.shrinker``),
 the family's knowledge: its structure (rows, heads, head dims; on broken layouts,
 truncation), its scalars (flags off, simpler values) and its values (zeros, ones,
 rounded). The packed decode families' shrinker is
@@ -37,6 +41,7 @@ size changes, so a failure that depends on it survives; the strides move removes
 
 from __future__ import annotations
 
+import math
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -44,10 +49,12 @@ from typing import Any
 
 import torch
 
-from kda_fuzz.corpus.store import encoded_base_size
+from kda_fuzz.corpus.store import encoded_tensor_size
+from kda_fuzz.engine import recipe as _recipe
 from kda_fuzz.engine.case import Case, TensorArg, fingerprint
 from kda_fuzz.engine.contract import Contract
 from kda_fuzz.engine.oracle import Outcome, expectation, run_case
+from kda_fuzz.engine.recipe import Ranges
 from kda_fuzz.engine.shrink import SENTINEL_OUTSIDE, ShrinkContext
 from kda_fuzz.engine.shrink import Move as _Move
 from kda_fuzz.engine.shrink import Skip as _Skip
@@ -64,7 +71,10 @@ MAX_STEPS = 4096  # accepted moves at most (the time budget ends it first)
 RESHAPE_RUNS = 4  # what a candidate of new shapes costs, in runs of one of the same shapes
 RAW_WEIGHT = 64  # a byte in memory costs 1/64 of a byte in the file
 SIMPLE_BYTES = 1 << 16  # below this cost, simplifying moves may grow a case
-BULKY_BYTES = 1 << 12  # tensors worth a cheaper dtype
+BULKY_BYTES = 1 << 12  # tensors worth a cheaper dtype, or values from a recipe
+RECIPE_BYTES = 128  # about what a recipe costs in a file, without its patch
+RECIPE_RANGES = 4  # the longest ranges of kept values a step tries to split, per tensor
+RECIPE_SPANS = 8  # ... and the spans of each size tried in each of them
 
 
 class _OutOfTime(Exception):
@@ -82,15 +92,16 @@ class _Costs:
     encoded once."""
 
     def __init__(self) -> None:
-        self._memo: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
+        self._memo: dict[tuple[Any, ...], tuple[weakref.ref[torch.Tensor], int]] = {}
 
     def encoded(self, arg: TensorArg) -> int:
         base = arg.base
-        hit = self._memo.get(id(base))
+        key = (id(base), arg.shape, arg.stride, arg.offset)  # a recipe's cost needs the view
+        hit = self._memo.get(key)
         if hit is not None and hit[0]() is base:
             return hit[1]
-        size = encoded_base_size(base)
-        self._memo[id(base)] = (weakref.ref(base), size)
+        size = encoded_tensor_size(arg)
+        self._memo[key] = (weakref.ref(base), size)
         return size
 
     def tensor(self, arg: TensorArg) -> float:
@@ -202,6 +213,125 @@ def _layout_moves(case: Case, costs: _Costs) -> Iterator[_Move]:
         yield _Move(f"{n} guard cells removed", lambda n=n: unguarded([n]), bare([n]), True)
 
 
+def _recipe_moves(case: Case, costs: _Costs, size: float) -> Iterator[_Move]:
+    """Bulky float tensors' values regenerated from grid recipes
+    (:mod:`kda_fuzz.engine.recipe`), stored as the recipe and a patch: each whole (a
+    failure that does not depend on the values: a crash, a launch past a grid limit, an
+    offset that wraps, a hang), then, for one that must keep some values, its non-finite
+    elements only, then halves, quarters... of the cells it still keeps (ddmin order),
+    so that a file keeps bit-exact only the elements the failure needs. A whole tensor
+    from a recipe is predicted a recipe's bytes more than the same tensor as a fill (the
+    family's zero and ones moves), so fills are tried first. None below
+    ``SIMPLE_BYTES``."""
+    if size <= SIMPLE_BYTES:
+        return
+    t = case.tensors
+    found: list[tuple[str, Ranges, int, int]] = []  # name, kept, encoded, recipe to pay
+    for n, a in t.items():
+        if a.device.type == "meta" or not a.dtype.is_floating_point \
+                or not math.prod(a.shape) or _overlapping(a.shape, a.stride):
+            continue
+        enc = costs.encoded(a)
+        h = _recipe.hint_of(a.base)
+        if enc <= BULKY_BYTES or (h is not None and h.recipe.name != "grid"):
+            continue
+        kept = ((0, a.base.numel()),) if h is None else _recipe.known_kept(a)
+        if kept:
+            found.append((n, kept, enc, RECIPE_BYTES if h is None else 0))
+    found.sort(key=lambda f: -f[2])
+
+    def regenerated(keeps: Mapping[str, Ranges]) -> Case:
+        new = {}
+        for n, keep in keeps.items():
+            a = t[n]
+            h = _recipe.hint_of(a.base)
+            recipe, outside = (h.recipe, h.outside) if h is not None else \
+                (_recipe.grid_recipe(a, n), _recipe.outside_word(a))
+            new[n] = _recipe.regenerate(a, recipe, outside, keep)
+        return _replace(case, new)
+
+    def only_non_finite(n: str, kept: Ranges) -> Case:
+        odd = _non_finite(t[n], kept)
+        if not 0 < odd.numel() < _recipe.kept_count(kept):
+            raise _Skip("no non-finite value, or nothing else")
+        return regenerated({n: _recipe.ranges_of(odd)})
+
+    def after(saved: float, paid: int) -> float:
+        return size - saved + paid
+
+    for n, kept, enc, paid in found:
+        total = _recipe.kept_count(kept)
+        yield _Move(f"{n} values from a recipe", lambda n=n: regenerated({n: ()}),
+                    after(enc, paid), same_shape=True)
+        yield _Move(f"{n}: its non-finite values only kept",
+                    lambda n=n, kept=kept: only_non_finite(n, kept), after(enc / 2, paid),
+                    same_shape=True)
+        for lo, hi in sorted(kept, key=lambda r: r[0] - r[1])[:RECIPE_RANGES]:
+            for s, e in _spans(hi - lo):
+                keep = _recipe.without(kept, lo + s, lo + e)
+                yield _Move(f"{n}: cells {lo + s}..{lo + e - 1} from the recipe",
+                            lambda n=n, keep=keep: regenerated({n: keep}),
+                            after(enc * (e - s) / total, paid), same_shape=True)
+
+
+def _spans(n: int) -> Iterator[tuple[int, int]]:
+    """(start, stop) of halves, quarters... of ``range(n)`` (ddmin order), at most
+    ``RECIPE_SPANS`` of each size, spread evenly (built without listing them all)."""
+    size = n // 2
+    while size >= 1:
+        count = -(-n // size)
+        picks = range(count) if count <= RECIPE_SPANS else \
+            sorted({i * (count - 1) // (RECIPE_SPANS - 1) for i in range(RECIPE_SPANS)})
+        for i in picks:
+            yield i * size, min(n, (i + 1) * size)
+        size //= 2
+
+
+def _non_finite(arg: TensorArg, kept: Ranges) -> torch.Tensor:
+    """The base positions in ``kept`` of ``arg``'s non-finite elements, guard cells
+    outside the view that hold the recipe's guard word left out."""
+    h = _recipe.hint_of(arg.base)
+    word = h.outside if h is not None else _recipe.outside_word(arg)
+    flat = arg.base.detach().reshape(-1)
+    words = flat.view({1: torch.uint8, 2: torch.int16, 4: torch.int32,
+                       8: torch.int64}[flat.element_size()])
+    seen = torch.zeros(flat.numel(), dtype=torch.bool, device=flat.device)
+    seen.as_strided(arg.shape, arg.stride, arg.offset).fill_(True)
+    if word is not None:
+        seen |= words != word
+    found = [(~torch.isfinite(flat[lo:hi]) & seen[lo:hi]).nonzero().squeeze(1).cpu() + lo
+             for lo, hi in kept]
+    return torch.cat(found) if found else torch.empty(0, dtype=torch.int64)
+
+
+def _sticky(current: Case, cand: Case) -> Case:
+    """``cand`` with each tensor that ``current`` took from a grid recipe and ``cand``
+    gives a new layout (a structure, dtype or stride move) regenerated by that recipe at
+    the new layout, the values that are on no grid of its exponent (the ones kept from
+    the original) kept: the others did not matter, and a recipe costs a few bytes where
+    the values moved there would be stored."""
+    new = {}
+    for n, b in cand.tensors.items():
+        a = current.tensors.get(n)
+        h = None if a is None or b.base is a.base else _recipe.hint_of(a.base)
+        if a is None or h is None or h.recipe.name != "grid" \
+                or _recipe.hint_of(b.base) is not None or b.device.type == "meta" \
+                or not b.dtype.is_floating_point or not b.base.numel() \
+                or _overlapping(b.shape, b.stride) \
+                or (b.dtype, b.shape, b.stride, b.offset, b.base.numel()) \
+                == (a.dtype, a.shape, a.stride, a.offset, a.base.numel()):
+            continue  # no recipe to follow, or new values on the old layout (a value move)
+        recipe = h.recipe
+        lo, hi = _recipe.FP16_EXPONENTS
+        if b.dtype == torch.float16 and not lo <= recipe.exponent <= hi:
+            recipe = _recipe.Recipe("grid", recipe.seed, max(lo, min(hi, recipe.exponent)))
+        odd = _recipe.view_positions(b, _recipe.off_grid(b, h.recipe)) \
+            if math.prod(b.shape) else torch.empty(0, dtype=torch.int64)
+        new[n] = _recipe.regenerate(b, recipe, _recipe.outside_word(b),
+                                    _recipe.ranges_of(odd))
+    return _replace(cand, new) if new else cand
+
+
 # ------------------------------------------------------------------ driver
 
 
@@ -299,6 +429,7 @@ def minimize_with_verdict(contract: Contract, case: Case, target_fn: Callable[..
         found += _layout_moves(c, costs)
         if shrinker is not None:
             found += shrinker.values(c, ctx)
+        found += _recipe_moves(c, costs, size)
         # biggest savings per candidate run first (a candidate of new shapes compiles a
         # shape-specialising kernel anew: it costs RESHAPE_RUNS runs); below SIMPLE_BYTES,
         # in the order above (stable sort)
@@ -325,7 +456,7 @@ def minimize_with_verdict(contract: Contract, case: Case, target_fn: Callable[..
                     continue
                 failed.add((move.label, shape))
                 try:
-                    cand = move.build()
+                    cand = _sticky(current, move.build())
                 except (_Skip, RuntimeError, ValueError, IndexError, TypeError):
                     continue
                 new = costs.case(cand)

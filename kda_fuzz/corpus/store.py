@@ -21,7 +21,8 @@ UTF-8, standard JSON only (no ``NaN``/``Infinity`` literals)::
           "<name>": {"dtype": "float32", "device": "cpu",       # or "meta" (no bytes)
                      "shape": [...], "stride": [...], "storage_offset": 0,
                      "base_numel": 12,
-                     "encoding": "zlib+base64",  # | "base64" | "fill" | null (meta)
+                     "encoding": "zlib+base64",  # | "base64" | "fill" | "runs"
+                                                 # | "recipe" | null (meta)
                      "base_bytes": "<base64>"}   # "fill": "<hex>" for fills
         }
       }
@@ -30,7 +31,9 @@ UTF-8, standard JSON only (no ``NaN``/``Infinity`` literals)::
 Every tensor argument is stored as its whole 1-D base buffer (guard cells included, bit
 for bit: NaN payloads and signed zeros survive) plus the strided view taken of it. The
 base's little-endian bytes are written as a fill (``"fill"``: the hex of one element's
-bytes, repeated ``base_numel`` times) when every element has the same bits, else as
+bytes, repeated ``base_numel`` times) when every element has the same bits, else, for
+a base made from a recipe (:mod:`kda_fuzz.engine.recipe`, the minimizer's), as
+``recipe``: the recipe and a patch of the elements that differ from it, else as
 ``runs`` (fill runs and zlib stretches, in order) when it holds a long stretch of one
 value (zeroed unnamed slots, NaN padding), else zlib-compressed (``zlib+base64``) when
 that is smaller, else as they are (``base64``). Schema 1 files (``base_bytes`` always
@@ -92,6 +95,18 @@ from kda_fuzz.corpus.atomic import write_atomic
 from kda_fuzz.engine.case import Case, TensorArg
 from kda_fuzz.engine.contract import Contract, Expectation
 from kda_fuzz.engine.oracle import Outcome, expectation, run_case
+from kda_fuzz.engine.recipe import (
+    HINTS,
+    MAX_RANGES,
+    Hint,
+    Recipe,
+    carry_hints,
+    differing,
+    hint_of,
+    kept_count,
+    known_kept,
+    realize,
+)
 from kda_fuzz.engine.verdict import Verdict
 from kda_fuzz.execution import RUNTIMES
 from kda_fuzz.families import BUILTIN, get_contract
@@ -100,9 +115,9 @@ from kda_fuzz.workers.isolate import IsolatedTarget
 SCHEMA = 2
 READ_SCHEMAS = (1, 2)
 KINDS = ("contract", "mismatch", "crash", "timeout", "flaky", "sanitizer")
-ENCODINGS = ("base64", "zlib+base64", "fill", "runs")
+ENCODINGS = ("base64", "zlib+base64", "fill", "runs", "recipe")
 MAX_ELEMENTS = 2**28  # per base buffer and per view (bytes stored as they are)
-MAX_RUN_ELEMENTS = 2**34  # per base and view stored as runs (fills and zlib stretches)
+MAX_RUN_ELEMENTS = 2**34  # per base and view stored as runs, fills or recipes
 RUN_BLOCK = 512  # elements: runs are found block by block ...
 MIN_FILL_BLOCKS = 4  # ... and a fill run spans this many whole blocks at least
 _RUN_CHUNK = 1 << 14  # blocks compared per step (a bounded scratch on any base)
@@ -276,13 +291,89 @@ def _encode_runs(flat: torch.Tensor, runs: list[tuple[int, int, bytes | None]]
     return {"encoding": "runs", "runs": items}
 
 
-def _encode_base(base: torch.Tensor) -> dict[str, Any]:
-    """The schema-2 ``encoding`` and payload fields of a base buffer."""
+def _word_hex(word: int, itemsize: int) -> str:
+    return _le_bytes(torch.tensor([word], dtype=_INT_OF_SIZE[itemsize])).hex()
+
+
+def _b64_zlib_of(t: torch.Tensor) -> str:
+    return base64.b64encode(zlib.compress(_le_bytes(t), ZLIB_LEVEL)).decode("ascii")
+
+
+def _recipe_head(arg: TensorArg, hint: Hint) -> dict[str, Any] | None:
+    """The ``recipe`` entry of ``arg``'s base without its patch; None when the hint's
+    recipe cannot make this base (a dtype it does not make)."""
+    try:
+        hint.recipe.check(arg.dtype, arg.base.numel(), "recipe")
+    except ValueError:
+        return None
+    entry: dict[str, Any] = {"encoding": "recipe", "recipe": hint.recipe.to_json()}
+    if hint.outside is not None:
+        entry["outside"] = _word_hex(hint.outside, arg.base.element_size())
+    return entry
+
+
+def _patch_ranges(pos: torch.Tensor) -> torch.Tensor:
+    """Sorted distinct positions as ``(gap, length)`` pairs (int64, flattened): each range
+    of consecutive positions, its gap counted from the end of the one before (from 0 for
+    the first)."""
+    breaks = (pos[1:] - pos[:-1] != 1).nonzero().squeeze(1)
+    starts = torch.cat([pos[:1], pos[breaks + 1]])
+    ends = torch.cat([pos[breaks] + 1, pos[-1:] + 1])
+    gaps = starts.clone()
+    gaps[1:] -= ends[:-1]
+    return torch.stack([gaps, ends - starts], 1).reshape(-1)
+
+
+def _recipe_entry(arg: TensorArg, hint: Hint) -> dict[str, Any] | None:
+    """``arg``'s base as its recipe plus the elements that differ from it (``patch``), bit
+    for bit; None when the recipe does not make this base's dtype or more than
+    ``MAX_ELEMENTS`` elements differ."""
+    entry = _recipe_head(arg, hint)
+    if entry is None:
+        return None
+    pos = differing(arg, hint)
+    if pos.numel() > MAX_ELEMENTS:
+        return None
+    if pos.numel():
+        flat = arg.base.detach().reshape(-1)
+        pairs = _patch_ranges(pos)
+        entry["patch"] = {"ranges": pairs.numel() // 2, "count": pos.numel(),
+                          "index": _b64_zlib_of(pairs),
+                          "values": _b64_zlib_of(flat[pos.to(flat.device)])}
+    return entry
+
+
+def _recipe_size(arg: TensorArg, hint: Hint) -> int | None:
+    """About the characters of ``arg``'s ``recipe`` entry (see :func:`encoded_base_size`),
+    from the ranges its hint keeps; None where :func:`_recipe_entry` gives None."""
+    entry = _recipe_head(arg, hint)
+    kept = known_kept(arg) if entry is not None else None
+    if entry is None or kept is None or kept_count(kept) > MAX_ELEMENTS:
+        return None
+    size = 40 + len(json.dumps(entry))
+    if kept:
+        flat = arg.base.detach().reshape(-1)
+        n = kept_count(kept)
+        # the values as zlib compresses them; the index: 16 bytes a range, runs of ones
+        values = flat[kept[0][0]:kept[0][1]] if len(kept) == 1 else \
+            torch.cat([flat[lo:hi] for lo, hi in kept])
+        size += 90 + _packed_size(values, False) + 12 * len(kept) + n // 96
+    return size
+
+
+def _encode_base(base: torch.Tensor, arg: TensorArg | None = None) -> dict[str, Any]:
+    """The schema-2 ``encoding`` and payload fields of a base buffer (``arg``: the view
+    taken of it, which a ``recipe`` encoding needs; :data:`HINTS` names the recipe)."""
     if base.device.type == "meta":
         return {"encoding": None, "base_bytes": None}
     element = _fill_element(base)
     if element is not None:
         return {"encoding": "fill", "fill": element.hex()}
+    hint = hint_of(base)
+    if hint is not None and arg is not None:
+        entry = _recipe_entry(arg, hint)
+        if entry is not None:
+            return entry
     runs = _runs(base)
     if runs is not None:
         return _encode_runs(base.detach().reshape(-1), runs)
@@ -297,16 +388,23 @@ def _b64_len(n: int) -> int:
     return 4 * ((n + 2) // 3)
 
 
-def encoded_base_size(base: torch.Tensor) -> int:
+def encoded_base_size(base: torch.Tensor, arg: TensorArg | None = None) -> int:
     """Characters of the payload (``base_bytes`` or ``fill``) that saving ``base`` writes.
 
     Exact for fills and for bases up to ``EXACT_ESTIMATE_BYTES``; a larger base is
     estimated from ``_SAMPLES`` evenly spaced ``_SAMPLE_BYTES`` chunks compressed alone.
+    A base made from a recipe (``arg``: its view; :data:`~kda_fuzz.engine.recipe.HINTS`)
+    costs the recipe and its patch, estimated from the ranges its hint keeps.
     """
     if base.device.type == "meta" or base.numel() == 0:
         return 0
     if _fill_element(base) is not None:
         return 2 * base.element_size()
+    hint = hint_of(base)
+    if hint is not None and arg is not None:
+        size = _recipe_size(arg, hint)
+        if size is not None:
+            return size
     flat = base.detach().reshape(-1)
     runs = _runs(base)
     if runs is not None:  # fills cost their hex and a few characters; stretches as below
@@ -352,7 +450,21 @@ def _tensor_header(arg: TensorArg) -> dict[str, Any]:
 
 
 def _encode_tensor(arg: TensorArg) -> dict[str, Any]:
-    return {**_tensor_header(arg), **_encode_base(arg.base)}
+    return {**_tensor_header(arg), **_encode_base(arg.base, arg)}
+
+
+def encoded_tensor_size(arg: TensorArg) -> int:
+    """:func:`encoded_base_size` of ``arg``'s base, seen through its view."""
+    return encoded_base_size(arg.base, arg)
+
+
+def _on_cpu(case: Case) -> Case:
+    """``case`` with every base on cpu or meta (the recipes its bases were made from kept)."""
+    if all(t.device.type in DEVICES for t in case.tensors.values()):
+        return case
+    moved = case.on("cpu")
+    carry_hints(case.tensors, moved.tensors)
+    return moved
 
 
 def _check_scalars(case: Case) -> None:
@@ -394,11 +506,12 @@ def case_digest(case: Case) -> str:
     """The 16 hex digits that name a case's file (see :func:`_canonical`).
 
     The hash runs over the schema-1 form of the tensors (plain base64 of each base), fed
-    in pieces, so it does not depend on how a file encodes them and matches the names
-    schema-1 files were given.
+    in pieces, so it does not depend on how a file encodes them (recipes included) and
+    matches the names schema-1 files were given. A base past ``MAX_ELEMENTS`` (which
+    schema 1 could not hold) counts as its fill or runs when it has them, as earlier
+    files were named, else as plain base64 too.
     """
-    if any(t.device.type not in DEVICES for t in case.tensors.values()):
-        case = case.on("cpu")
+    case = _on_cpu(case)
     token = uuid.uuid4().hex
     payloads: dict[str, torch.Tensor] = {}
 
@@ -406,8 +519,13 @@ def case_digest(case: Case) -> str:
         head = _tensor_header(arg)
         if arg.device.type == "meta":
             return {**head, "base_bytes": None}
-        if arg.base.numel() > MAX_ELEMENTS:  # past what schema 1 could hold: as written
-            return {**head, **_encode_base(arg.base)}
+        if arg.base.numel() > MAX_ELEMENTS:  # past what schema 1 could hold
+            element = _fill_element(arg.base)
+            if element is not None:
+                return {**head, "encoding": "fill", "fill": element.hex()}
+            runs = _runs(arg.base)
+            if runs is not None:
+                return {**head, **_encode_runs(arg.base.detach().reshape(-1), runs)}
         key = f"{token}{len(payloads)}"
         payloads[key] = arg.base
         return {**head, "base_bytes": key}
@@ -419,10 +537,10 @@ def case_digest(case: Case) -> str:
     for key, base in sorted(payloads.items(), key=lambda kv: text.index(f'"{kv[0]}"')):
         at = text.index(f'"{key}"', pos) + 1
         h.update(text[pos:at].encode())
-        raw = memoryview(_le_bytes(base))
-        step = 3 << 18  # a multiple of 3: the chunks' base64 concatenates
-        for i in range(0, len(raw), step):
-            h.update(base64.b64encode(raw[i:i + step]))
+        flat = base.detach().reshape(-1)
+        step = 3 << 18  # elements: a multiple of 3 bytes, so the chunks' base64 concatenates
+        for i in range(0, flat.numel(), step):
+            h.update(base64.b64encode(_le_bytes(flat[i:i + step])))
         pos = at + len(key)
     h.update(text[pos:].encode())
     return h.hexdigest()[:16]
@@ -486,9 +604,13 @@ def _payload_of(entry: dict[str, Any]) -> str:
 
 
 def _payload_len(entry: dict[str, Any]) -> int:
-    """Characters of a tensor entry's payloads (of each run's, for ``runs``)."""
+    """Characters of a tensor entry's payloads (of each run's, for ``runs``; of the patch,
+    for ``recipe``)."""
     if entry.get("encoding") == "runs":
         return sum(len(_payload_of(r)) for r in entry.get("runs", ()))
+    if entry.get("encoding") == "recipe":
+        patch = entry.get("patch") or {}
+        return len(patch.get("index", "")) + len(patch.get("values", ""))
     return len(_payload_of(entry))
 
 
@@ -498,6 +620,8 @@ def _hollow(entry: dict[str, Any]) -> dict[str, Any]:
     if entry.get("encoding") == "runs":
         out["runs"] = [{**r, **{k: "" for k in ("base_bytes", "fill") if r.get(k)}}
                        for r in entry.get("runs", ())]
+    if entry.get("encoding") == "recipe" and entry.get("patch"):
+        out["patch"] = {**entry["patch"], "index": "", "values": ""}
     return out
 
 
@@ -516,15 +640,14 @@ def encoded_size(case: Case) -> int:
     """About the bytes :func:`save_case` writes for ``case`` (no verdict or description):
     exact when every base is a fill or at most ``EXACT_ESTIMATE_BYTES``, sampled above.
     """
-    if any(t.device.type not in DEVICES for t in case.tensors.values()):
-        case = case.on("cpu")
+    case = _on_cpu(case)
 
     def estimate(arg: TensorArg) -> dict[str, Any]:
         head = _tensor_header(arg)
         if arg.device.type == "meta":
             return {**head, "encoding": None, "base_bytes": None}
         return {**head, "encoding": "zlib+base64", "base_bytes": "",
-                "size": encoded_base_size(arg.base)}
+                "size": encoded_base_size(arg.base, arg)}
 
     doc = _document(case, None, None, "", estimate)
     tensors = doc["case"]["tensors"]
@@ -541,8 +664,7 @@ def encode_entry(case: Case, verdict: Verdict | None, *,
     ``MAX_SAVED_BYTES``).
     """
     limit = MAX_SAVED_BYTES if limit is None else limit
-    if any(t.device.type not in DEVICES for t in case.tensors.values()):
-        case = case.on("cpu")
+    case = _on_cpu(case)
     doc = _document(case, verdict, origin, description, _encode_tensor)
     size = _file_size(doc)
     if size > limit:
@@ -820,6 +942,92 @@ def _decode_runs(obj: dict, where: str, dtype: torch.dtype, dtype_name: str, num
     return words.view(dtype)
 
 
+def _b64_zlib(obj: dict, key: str, expected: int, where: str) -> bytes:
+    """The field ``key`` of ``obj``: base64 of a zlib stream inflating to ``expected`` bytes."""
+    text = _field(obj, key, str, where)
+    try:
+        deflated = base64.b64decode(text.encode("ascii"), validate=True)
+    except (binascii.Error, UnicodeEncodeError) as e:
+        raise ValueError(f"{where}.{key} is not valid base64 ({e})") from None
+    data = _inflate(deflated, expected, f"{where}.{key}")
+    if len(data) != expected:
+        raise ValueError(f"{where}.{key} holds {len(data)} bytes; {expected} needed")
+    return data
+
+
+def _decode_recipe(obj: dict, where: str, dtype: torch.dtype, dtype_name: str, numel: int,
+                   itemsize: int, shape: tuple[int, ...], stride: tuple[int, ...],
+                   offset: int) -> torch.Tensor:
+    """A base stored as a recipe: its values regenerated (``recipe``; only inside the view
+    when ``outside`` gives the other cells' element), then the ``patch`` elements set.
+    Everything is checked before the base is allocated."""
+    if obj.get("base_bytes") is not None or "fill" in obj or "runs" in obj:
+        raise ValueError(f"{where}: a recipe carries no base_bytes, fill or runs")
+    extra = set(obj) - {"dtype", "device", "shape", "stride", "storage_offset", "base_numel",
+                        "encoding", "recipe", "outside", "patch"}
+    if extra:
+        raise ValueError(f"{where}: unknown field(s) {', '.join(sorted(extra))}")
+    recipe = Recipe.from_json(_field(obj, "recipe", dict, where), f"{where}.recipe")
+    recipe.check(dtype, numel, f"{where}.recipe")
+    outside = None
+    if obj.get("outside") is not None:
+        text = _field(obj, "outside", str, where)
+        if len(text) != 2 * itemsize or not re.fullmatch(r"[0-9a-f]*", text):
+            raise ValueError(f"{where}.outside must be {2 * itemsize} lowercase hex digits "
+                             f"(one {dtype_name} element)")
+        outside = _fill_word(text, f"{where}.outside", dtype, dtype_name, itemsize)
+    itype = _INT_OF_SIZE[itemsize]
+    pos = words = None
+    kept: tuple[tuple[int, int], ...] | None = ()
+    patch = obj.get("patch")
+    if patch is not None:
+        at = f"{where}.patch"
+        if not isinstance(patch, dict):
+            raise ValueError(f"{at} must be an object")
+        unknown = sorted(set(patch) - {"ranges", "count", "index", "values"})
+        if unknown:
+            raise ValueError(f"{at}: unknown field(s) {', '.join(unknown)}")
+        count = _field(patch, "count", int, at)
+        if not 0 < count <= min(numel, MAX_ELEMENTS):
+            raise ValueError(f"{at}.count must lie in 1..{min(numel, MAX_ELEMENTS)}")
+        nranges = _field(patch, "ranges", int, at)
+        if not 0 < nranges <= count:
+            raise ValueError(f"{at}.ranges must lie in 1..count ({count})")
+        pairs = _from_le_bytes(_b64_zlib(patch, "index", 16 * nranges, at), torch.int64,
+                               2 * nranges).view(nranges, 2)
+        gaps, lengths = pairs[:, 0], pairs[:, 1]
+        if int(gaps[0]) < 0 or (nranges > 1 and int(gaps[1:].min()) < 1) \
+                or int(lengths.min()) < 1 or int(gaps.max()) > numel \
+                or int(lengths.max()) > numel:
+            raise ValueError(f"{at}.index must hold (gap, length) pairs of ranges in "
+                             "increasing order, apart, each at least one element long")
+        if int(lengths.sum()) != count:
+            raise ValueError(f"{at}.index ranges hold {int(lengths.sum())} elements; "
+                             f"count says {count}")
+        ends = torch.cumsum(gaps + lengths, 0)
+        if int(ends[-1]) > numel:
+            raise ValueError(f"{at}.index reaches element {int(ends[-1])} of a "
+                             f"{numel}-element base")
+        starts = ends - lengths
+        within = torch.arange(count) - torch.repeat_interleave(
+            torch.cumsum(lengths, 0) - lengths, lengths)
+        pos = torch.repeat_interleave(starts, lengths) + within
+        kept = tuple(zip(starts.tolist(), ends.tolist())) if nranges <= MAX_RANGES \
+            else ((int(starts[0]), int(ends[-1])),)
+        data = _b64_zlib(patch, "values", count * itemsize, at)
+        if dtype == torch.bool and any(byte > 1 for byte in data):
+            raise ValueError(f"{at}.values: bool bytes must be 0 or 1")
+        words = _from_le_bytes(data, dtype, count).view(itype)
+    try:
+        base = realize(recipe, numel, dtype, shape, stride, offset, outside)
+    except RuntimeError as e:  # more than this machine holds
+        raise ValueError(f"{where}: cannot hold a base of {numel} elements here ({e})") from None
+    if pos is not None and words is not None:
+        base.view(itype)[pos] = words
+    HINTS.add(base, Hint(recipe, outside, kept))
+    return base
+
+
 def _decode_tensor(name: str, obj: Any, schema: int = SCHEMA) -> TensorArg:
     where = f"case.tensors.{name}"
     dtype_name = _field(obj, "dtype", str, where)
@@ -838,7 +1046,8 @@ def _decode_tensor(name: str, obj: Any, schema: int = SCHEMA) -> TensorArg:
     if any(n < 0 for n in shape) or any(s < 0 for s in stride) or offset < 0 or numel < 0:
         raise ValueError(f"{where}: negative size, stride, offset or base_numel")
     view_numel = math.prod(shape)
-    cap = MAX_RUN_ELEMENTS if obj.get("encoding") in ("runs", "fill") or device == "meta" \
+    cap = MAX_RUN_ELEMENTS if obj.get("encoding") in ("runs", "fill", "recipe") \
+        or device == "meta" \
         else MAX_ELEMENTS
     # past MAX_ELEMENTS, a view may not hold more elements than its base (no zero strides)
     if numel > cap or view_numel > min(cap, max(MAX_ELEMENTS, numel)):
@@ -859,6 +1068,9 @@ def _decode_tensor(name: str, obj: Any, schema: int = SCHEMA) -> TensorArg:
     if schema != 1 and obj.get("encoding") == "runs":
         return TensorArg(_decode_runs(obj, where, dtype, dtype_name, numel, itemsize), shape,
                          stride, offset)
+    if schema != 1 and obj.get("encoding") == "recipe":
+        return TensorArg(_decode_recipe(obj, where, dtype, dtype_name, numel, itemsize, shape,
+                                        stride, offset), shape, stride, offset)
     data = _decode_payload(obj, where, schema, dtype_name, numel, itemsize)
     if isinstance(data, tuple):
         element, count = data
