@@ -102,3 +102,27 @@ def test_off_runs_no_sub_batch():
     rep = campaign(KDA, "triton", [Target("batch_variant", batch_variant)], max_examples=40,
                    seed=1, valid_share=1.0, invariance="off", invariance_every=1)
     assert rep.batch_checks == 0 and not rep.failures
+
+
+def test_rows_are_taken_without_an_index_where_a_slice_does_and_differences_are_located():
+    """Runs of rows are slices (a reversed run a flipped slice); ``differs`` names the
+    first row whose ``out`` or state slot differs bit for bit, whatever the order."""
+    from kda_fuzz.families.packed.invariance import _rows_of, differs
+
+    x = torch.arange(24.0).reshape(6, 4)
+    for rows in ([2], [1, 2, 3], [5, 4, 3, 2, 1, 0], [4, 1, 3]):
+        assert torch.equal(_rows_of(x, rows), x[torch.tensor(rows)])
+    case = build(KdaLayout(B=4, H=1, HV=1, K=4, V=4, seed=3), "helion")
+    idx = case.tensors["ssm_state_indices"].view().to(torch.long)
+    full = {"out": torch.randn(4, 1, 1, 4), "initial_state": torch.randn(8, 1, 4, 4)}
+    rows = [3, 2, 1, 0]
+    sub = {"out": full["out"].flip(0).clone(), "initial_state": full["initial_state"].clone()}
+    assert differs(case, full, case, sub, rows) is None
+    sub["out"][2, 0, 0, 1] = float("nan")  # row 2 of the sub-batch: the case's row 1
+    assert differs(case, full, case, sub, rows).startswith("`out` row 1 (row 2 of the sub-batch)")
+    sub["out"] = full["out"].flip(0).clone()
+    live = [r for r in rows if int(idx[r]) >= 0]
+    slot = int(idx[live[-1]])
+    sub["initial_state"][slot, 0, 0, 0] += 1.0
+    got = differs(case, full, case, sub, rows)
+    assert got is not None and got.startswith(f"state slot {slot} of row {live[-1]}"), got

@@ -22,6 +22,18 @@ from kda_fuzz.engine.contract import BatchInvariance
 ROWS = ("mixed_qkv", "a", "b", "out", "ssm_state_indices")
 
 
+def _rows_of(view: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """``view``'s ``rows`` (of its first dimension), in that order: a slice for a run of
+    consecutive rows, a flipped slice for a reversed run (no index tensor to copy to the
+    device: that would wait for the device's queue), else an index."""
+    lo, hi = min(rows), max(rows)
+    if rows == list(range(lo, hi + 1)):
+        return view[lo:hi + 1]
+    if rows == list(range(hi, lo - 1, -1)):
+        return view[lo:hi + 1].flip(0)
+    return view[torch.tensor(rows).to(view.device)]
+
+
 def _take_rows(arg: TensorArg, rows: list[int]) -> TensorArg:
     """``arg`` with only ``rows`` of its first dimension, in that order: the same strides,
     offset and guard cells (a base as long as the fewer rows need, copied from ``arg``'s)."""
@@ -35,7 +47,7 @@ def _take_rows(arg: TensorArg, rows: list[int]) -> TensorArg:
         base[n:] = 0
     out = TensorArg(base, shape, arg.stride, arg.offset)
     if rows and all(shape):
-        out.view(base).copy_(arg.view()[torch.tensor(rows, device=base.device)])
+        out.view(base).copy_(_rows_of(arg.view(), rows))
     return out
 
 
@@ -58,25 +70,40 @@ def sub_batches(case: Case) -> list[tuple[str, Case, list[int]]]:
 
 def differs(case: Case, full: dict[str, Any], sub_case: Case, sub: dict[str, Any],
             rows: list[int]) -> str | None:
-    """Where the sub-batch's results differ bitwise from the full batch's (None: nowhere)."""
-    idx = case.tensors["ssm_state_indices"].view().to(torch.long)
-    for j, r in enumerate(rows):
-        a, b = full["out"][r], sub["out"][j]
-        if not _same(a, b):
-            return f"`out` row {r} (row {j} of the sub-batch): {_first(a, b)}"
+    """Where the sub-batch's results differ bitwise from the full batch's (None: nowhere):
+    the first row whose ``out`` or state slot differs, found in one comparison each."""
+    if not rows:
+        return None
+    idx = case.tensors["ssm_state_indices"].view().to(torch.long).cpu()
+    out_rows = _unequal_rows(_rows_of(full["out"], rows), sub["out"][:len(rows)])
+    slots = [(j, r, int(idx[r])) for j, r in enumerate(rows) if int(idx[r]) >= 0]
+    state_rows: list[int] = []
+    if slots:
+        at = torch.tensor([s for _, _, s in slots]).to(full["initial_state"].device)
+        bad = _unequal_rows(full["initial_state"][at], sub["initial_state"][at])
+        state_rows = [slots[i][0] for i in bad]
+    for j in sorted({*out_rows, *state_rows}):
+        r = rows[j]
+        if j in out_rows:
+            return f"`out` row {r} (row {j} of the sub-batch): " \
+                f"{_first(full['out'][r], sub['out'][j])}"
         slot = int(idx[r])
-        if slot >= 0:
-            a, b = full["initial_state"][slot], sub["initial_state"][slot]
-            if not _same(a, b):
-                return f"state slot {slot} of row {r} (row {j} of the sub-batch): {_first(a, b)}"
+        return f"state slot {slot} of row {r} (row {j} of the sub-batch): " \
+            f"{_first(full['initial_state'][slot], sub['initial_state'][slot])}"
     return None
 
 
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}.get(a.element_size())
-    if bits is None:
-        return bool(torch.equal(a, b))
-    return bool(torch.equal(a.contiguous().view(bits), b.contiguous().view(bits)))
+def _unequal_rows(a: torch.Tensor, b: torch.Tensor) -> list[int]:
+    """The rows (first dimension) where ``a`` and ``b`` differ in any bit."""
+    if a.shape != b.shape:
+        return list(range(max(a.shape[0] if a.dim() else 0, b.shape[0] if b.dim() else 0)))
+    if a.numel() == 0:
+        return []
+    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}.get(a.element_size())
+    if bits is None:  # (no such dtype in the packed families)
+        return [i for i in range(a.shape[0]) if not torch.equal(a[i], b[i])]
+    ne = a.contiguous().view(bits) != b.contiguous().view(bits)
+    return ne.reshape(a.shape[0], -1).any(1).nonzero().flatten().tolist()
 
 
 def _first(a: torch.Tensor, b: torch.Tensor) -> str:
