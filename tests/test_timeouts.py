@@ -142,3 +142,25 @@ def test_a_minimized_hang_is_kept_only_if_it_does_not_return_within_the_ceiling(
         assert saver._proven_hang(iso, object()) is hangs  # type: ignore[arg-type]
         assert iso.timeout == 2.0  # its calibrated limit back for the next candidate
     assert limits == [30.0, 30.0]
+
+
+def test_steering_counts_per_feature_once_a_stratum_faults_as_if_counted_all_along() -> None:
+    """Layouts are counted compactly until their stratum faults; its per-feature counts are
+    then exactly those of counting every feature of every layout (and survive a restart)."""
+    from collections import Counter
+
+    steer = Steering(seed=1)
+    cases = [_case(B, K=K, seed=s) for s, (B, K) in
+             enumerate([(2, 4), (9, 4), (96, 8), (2, 8), (33, 4)] * 3)]
+    runs, faults = Counter(), Counter()
+    for i, c in enumerate(cases):
+        fault = i in (6, 11)
+        steer.observe("valid", c, fault=fault)
+        steer.observe("broken", c, fault=False)
+        for f in features("valid", c):
+            runs[f] += 1
+            faults[f] += fault
+    assert steer.runs == runs and +steer.faults == +faults
+    assert not any(f[0] == "broken" for f in steer.runs)  # never faulted: never expanded
+    again = Steering(seed=1, state=steer.state((0, 0, 0)))
+    assert again.runs == runs and +again.faults == +faults

@@ -45,15 +45,29 @@ def _thresholds(stratum: str, what: tuple[Any, ...], n: int) -> list[Feature]:
             + [(stratum, *what, "<", k) for k in range(bits, BITS)])
 
 
+def _key(case: Case) -> tuple[Any, ...]:
+    """What :func:`features` depends on, in a few words: the size class, and every tensor's
+    dtype and bit lengths of its dimensions (cheap to count, expanded only when needed)."""
+    return (max(0, size_class(case) - 1),
+            tuple((name, str(t.dtype).replace("torch.", ""),
+                   tuple(min(BITS, int(n).bit_length()) for n in t.shape))
+                  for name, t in sorted(case.tensors.items())))
+
+
+def _expand(stratum: str, key: tuple[Any, ...]) -> list[Feature]:
+    size, tensors = key
+    out = [(stratum, "all")]
+    out += _thresholds(stratum, ("size",), 1 << size)
+    for name, dtype, dims in tensors:
+        out.append((stratum, name, "dtype", dtype))
+        for d, bits in enumerate(dims):
+            out += _thresholds(stratum, (name, d), (1 << bits) >> 1)
+    return out
+
+
 def features(stratum: str, case: Case) -> list[Feature]:
     """The features of a layout that a fault is attributed to (family-agnostic)."""
-    out = [(stratum, "all")]
-    out += _thresholds(stratum, ("size",), 1 << max(0, size_class(case) - 1))
-    for name, t in sorted(case.tensors.items()):
-        out.append((stratum, name, "dtype", str(t.dtype).replace("torch.", "")))
-        for d, n in enumerate(t.shape):
-            out += _thresholds(stratum, (name, d), n)
-    return out
+    return _expand(stratum, _key(case))
 
 
 def describe_feature(f: Feature) -> str:
@@ -69,13 +83,33 @@ class Steering:
 
     def __init__(self, seed: int, state: dict[str, Any] | None = None) -> None:
         self.seed = seed
-        self.runs: Counter = Counter()  # feature -> layouts run (faults included)
+        # (stratum, _key) -> layouts run (faults included), and of those crashed or hung:
+        # what every job counts. The per-feature counts below are kept only for strata
+        # that have faulted (the only ones a draw is steered in), expanded from these then.
+        self.layouts: Counter = Counter()
+        self.faulted: Counter = Counter()
+        self.runs: Counter = Counter()  # feature -> layouts run (faulted strata only)
         self.faults: Counter = Counter()  # feature -> of those, crashed or hung
+        self._expanded: set[str] = set()  # strata whose per-feature counts are kept
         self.rejected: set[Position] = set()  # of the arm in progress
         if state:
-            self.runs.update(state["runs"])
-            self.faults.update(state["faults"])
+            self.layouts.update(state["layouts"])
+            self.faulted.update(state["faulted"])
             self.rejected = set(state["rejected"])
+            for stratum in {st for st, _ in self.faulted}:
+                self._expand_stratum(stratum)
+
+    def _expand_stratum(self, stratum: str) -> None:
+        """Keep ``stratum``'s per-feature counts from now on, from its layouts so far."""
+        self._expanded.add(stratum)
+        for (st, key), n in self.layouts.items():
+            if st != stratum:
+                continue
+            bad = self.faulted.get((st, key), 0)
+            for f in _expand(st, key):
+                self.runs[f] += n
+                if bad:
+                    self.faults[f] += bad
 
     def _rate(self, f: Feature) -> float:
         return self.faults.get(f, 0) / (self.runs.get(f, 0) + 1)
@@ -111,16 +145,23 @@ class Steering:
 
     def observe(self, stratum: str, case: Case, fault: bool) -> None:
         """A layout was run: it crashed or hung (``fault``) or it returned."""
-        for f in features(stratum, case):
-            self.runs[f] += 1
-            if fault:
-                self.faults[f] += 1
+        key = (stratum, _key(case))
+        self.layouts[key] += 1
+        if fault:
+            self.faulted[key] += 1
+        if stratum in self._expanded:
+            for f in _expand(*key):
+                self.runs[f] += 1
+                if fault:
+                    self.faults[f] += 1
+        elif fault:
+            self._expand_stratum(stratum)
 
     def state(self, position: Position) -> dict[str, Any]:
         """What a job resuming at ``position`` needs (picklable)."""
         here = (position[0], position[1])
         self.rejected = {p for p in self.rejected if (p[0], p[1]) == here}
-        return {"runs": dict(self.runs), "faults": dict(self.faults),
+        return {"layouts": dict(self.layouts), "faulted": dict(self.faulted),
                 "rejected": sorted(p for p in self.rejected if p < position)}
 
 
