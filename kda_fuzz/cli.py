@@ -600,14 +600,16 @@ def _fuzz(args: argparse.Namespace, signals: Any = None) -> int:
 
         ask_autotuning()
     if not (args.no_isolate and args.jobs == "1"):
-        from kda_fuzz.execution import kernel_libraries
+        from kda_fuzz.execution import device_free_imports, kernel_libraries
         from kda_fuzz.workers.process import start_fork_server
 
         # the workers' imports, overlapping this process's own: the engine's, and for a
         # CPU campaign the kernel libraries of the targets (imported once, not once per
-        # job and restart; the fork server leaves them out where a GPU is visible)
-        start_fork_server(kernel_libraries(list(args.chosen.targets.specs))
-                          if args.device == "cpu" else ())
+        # job and restart; the fork server leaves them out where a GPU is visible, but
+        # not what they import that touches no device)
+        libraries = kernel_libraries(list(args.chosen.targets.specs))
+        start_fork_server(libraries if args.device == "cpu" else (),
+                          device_free_imports(libraries))
     _prepare_device(args.device, contract)
     jobs = _jobs(args)
     options = dict(

@@ -5,6 +5,33 @@
 RUNTIMES = ("triton", "helion")
 
 
+# What each kernel library imports that starts nothing on a device when imported: a fork
+# server may import these where a GPU is visible, so that its workers do not import them
+# each (seconds apiece, tens where Python may not write bytecode: Triton, TorchDynamo and
+# the scikit-learn of Helion's autotuner). The library itself is left to the workers.
+DEVICE_FREE_IMPORTS = {
+    "triton": ("triton", "triton.language", "triton.runtime.jit"),
+    "helion": ("triton", "triton.language", "triton.runtime.jit", "torch._dynamo",
+               "torch._inductor.runtime.hints", "sklearn.ensemble"),
+}
+
+
+def device_free_imports(libraries: list[str] | tuple[str, ...]) -> list[str]:
+    """The modules of :data:`DEVICE_FREE_IMPORTS` for ``libraries`` that are installed."""
+    import importlib.util
+
+    out: list[str] = []
+    for lib in libraries:
+        for name in DEVICE_FREE_IMPORTS.get(lib, ()):
+            try:
+                found = importlib.util.find_spec(name.split(".")[0]) is not None
+            except (ImportError, ValueError):
+                found = False
+            if found and name not in out:
+                out.append(name)
+    return out
+
+
 def kernel_libraries(specs: list[str] | tuple[str, ...]) -> list[str]:
     """Those of :data:`RUNTIMES` installed here that a target (``MODULE:CALLABLE``) names:
     its module's source imports it (``import helion``, ``from helion...``,

@@ -54,13 +54,17 @@ def _ensure_fork_server() -> None:
         signal.signal(signal.SIGTERM, old)
 
 
-def start_fork_server(also: list[str] | tuple[str, ...] = ()) -> None:
+def start_fork_server(also: list[str] | tuple[str, ...] = (),
+                      device_free: list[str] | tuple[str, ...] = ()) -> None:
     """Start the fork server now, so that its imports overlap the caller's own; ``also``:
     modules it imports too, once for every worker it forks (the workers would each import
     them otherwise: seconds apiece), dropped where a GPU is visible: importing a kernel
     library there may initialise CUDA (helion's does), and no fork of a process that has
-    done so can use CUDA. Only modules that start no thread pool on import belong there."""
-    _also[:] = [] if gpu_visible() else [m for m in dict.fromkeys(also) if m not in PRELOAD]
+    done so can use CUDA. ``device_free``: modules that touch no device on import
+    (``kda_fuzz.execution.device_free_imports``), imported wherever. Only modules that
+    start no thread pool on import belong there."""
+    wanted = [*device_free] if gpu_visible() else [*also, *device_free]
+    _also[:] = [m for m in dict.fromkeys(wanted) if m not in PRELOAD]
     worker_context()
 
 
