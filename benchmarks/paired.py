@@ -1,0 +1,123 @@
+"""Paired throughput: one fuzz command run on a baseline tree and on this tree alternately,
+on one machine start, and the ratio of their rates with its spread.
+
+Throughput varies up to 2x between starts of a GPU machine, so a speed claim compares
+runs made side by side: round r runs the baseline, then this tree (the order flipped every
+other round), each with empty Triton and Inductor caches, as a fresh machine has them.
+
+    python benchmarks/paired.py --baseline REV | --baseline-dir DIR
+                                [--rounds 2] [--seconds 60] [--device cuda]
+                                [--args '--target M:F --contract helion ...']
+
+``--baseline REV`` exports that revision of this repository (``git archive``) to a
+temporary folder; ``--baseline-dir`` takes an exported tree (a machine without git). The
+command is ``python -m kda_fuzz fuzz --device D --jobs auto --max-seconds S
+--valid-share 1 --max-examples 10**7 --seed 1 --no-save --json`` plus ``--args``: the
+default mode of ``benchmarks/gpu_throughput.py``. Rates are over each command's wall time
+(start-up, compiles and the wrap-up included). Prints every run, then per round the ratio
+this / baseline of examples/s and of verified rows/s, and their median and range.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent.parent
+
+
+def export(rev: str, into: Path) -> Path:
+    """``rev`` of this repository as a plain tree under ``into``."""
+    tree = into / f"baseline-{rev[:12]}"
+    tree.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(HERE), "archive", rev], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    return tree
+
+
+def run(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """One fuzz command in ``tree`` (its own ``kda_fuzz`` first on the path)."""
+    cmd = [sys.executable, "-m", "kda_fuzz", "fuzz", "--device", args.device, "--jobs",
+           args.jobs, "--max-seconds", str(args.seconds), "--valid-share", "1",
+           "--max-examples", str(10**7), "--seed", "1", "--no-save", "--json",
+           *shlex.split(args.args)]
+    with tempfile.TemporaryDirectory() as cache:
+        # the tree's own kernels package before any installed one (an editable install
+        # of this repository maps kda_fuzz_kernels onto its own kernels/ folder)
+        shim = Path(cache) / "shim"
+        shim.mkdir()
+        if (tree / "kernels").is_dir():
+            (shim / "kda_fuzz_kernels").symlink_to(tree / "kernels")
+        env = {**os.environ, "TRITON_CACHE_DIR": f"{cache}/triton",
+               "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor",
+               "PYTHONPATH": os.pathsep.join(
+                   [str(tree), str(shim), *filter(None, [os.environ.get("PYTHONPATH")])])}
+        t0 = time.perf_counter()
+        r = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+    if r.returncode not in (0, 1):
+        raise SystemExit(f"{tree}: {' '.join(cmd)} exited {r.returncode}:\n{r.stderr[-3000:]}")
+    s = json.loads(r.stdout.strip().splitlines()[-1])
+    return {"wall": wall, "examples": s["examples"], "rows": s.get("valid_rows", 0),
+            "failures": s.get("failures", 0), "startup": s.get("startup_seconds", 0.0),
+            "compiling": s.get("compiling_seconds", 0.0),
+            "job_seconds": sum(s.get("stratum_seconds", {}).values())}
+
+
+def _spread(xs: list[float]) -> str:
+    if not xs:
+        return "-"
+    return (f"median {statistics.median(xs):.2f}x (range {min(xs):.2f}-{max(xs):.2f}, "
+            f"{len(xs)} round(s))")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    base = ap.add_mutually_exclusive_group(required=True)
+    base.add_argument("--baseline", metavar="REV", help="a revision of this repository")
+    base.add_argument("--baseline-dir", metavar="DIR", help="an exported baseline tree")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--jobs", default="auto")
+    ap.add_argument("--args", default="", help="more arguments for both commands")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        baseline = (Path(args.baseline_dir).resolve() if args.baseline_dir
+                    else export(args.baseline, Path(tmp)))
+        trees = {"baseline": baseline, "this": HERE}
+        print(f"baseline {baseline}; this tree {HERE}; {args.rounds} round(s) of "
+              f"{args.seconds:g} s on {args.device}, --jobs {args.jobs} {args.args}".rstrip())
+        print(f"{'round':>5} {'tree':9} {'wall s':>7} {'examples':>9} {'ex/s':>8} "
+              f"{'rows/s':>11} {'start-up s':>10} {'compiling s':>11} {'job-s':>6} failures")
+        results: dict[str, list[dict[str, Any]]] = {"baseline": [], "this": []}
+        for r in range(args.rounds):
+            order = ["baseline", "this"] if r % 2 == 0 else ["this", "baseline"]
+            for name in order:
+                got = run(trees[name], args)
+                results[name].append(got)
+                print(f"{r + 1:5d} {name:9} {got['wall']:7.1f} {got['examples']:9d} "
+                      f"{got['examples'] / got['wall']:8.1f} {got['rows'] / got['wall']:11,.0f} "
+                      f"{got['startup']:10.1f} {got['compiling']:11.1f} "
+                      f"{got['job_seconds']:6.0f} {got['failures']}", flush=True)
+        ex = [t["examples"] / t["wall"] / max(1e-9, b["examples"] / b["wall"])
+              for b, t in zip(results["baseline"], results["this"])]
+        rows = [t["rows"] / t["wall"] / max(1e-9, b["rows"] / b["wall"])
+                for b, t in zip(results["baseline"], results["this"])]
+        print(f"this / baseline examples/s: {_spread(ex)}")
+        print(f"this / baseline verified rows/s: {_spread(rows)}")
+
+
+if __name__ == "__main__":
+    main()
