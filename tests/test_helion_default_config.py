@@ -121,3 +121,20 @@ def test_a_real_helion_kernel_gets_the_hook_when_a_target_is_loaded() -> None:
 
     assert any("default_config_hook" in t
                for t in getattr(hk.BoundKernel.ensure_config_exists, MARK, ()))
+
+
+def test_a_fitted_config_runs_only_if_the_kernels_config_space_accepts_it() -> None:
+    """A drawn tensor-descriptor config fitted to pointer indexing is checked against the
+    kernel's own config space: one it rejects is skipped (ConfigUnavailable), not run."""
+    class Spec:
+        def normalize(self, values: dict) -> None:
+            if values.get("block_sizes") == [16]:
+                raise ValueError("block_sizes[0] too large for pointer loads")
+
+    bound = types.SimpleNamespace(config_spec=Spec())
+    configs._check_fitted(bound, {"block_sizes": [8], "indexing": "pointer"}, "_decode")
+    with pytest.raises(configs.ConfigUnavailable, match="not one its config space accepts"):
+        configs._check_fitted(bound, {"block_sizes": [16], "indexing": "pointer"}, "_decode")
+    alt = configs.Alternative(index=0, seed=1)
+    alt.adjusted = "tensor-descriptor indexing run as pointer indexing: argument(s) a ..."
+    assert configs.note(alt)["fitted"].startswith("tensor-descriptor")

@@ -248,9 +248,11 @@ def under_configs(verdict: Verdict, saved: dict[str, Any]) -> Verdict:
     extra = {**verdict.extra, "config": configs.tag(saved)}
     if verdict.kind == "contract" and verdict.what in RAISED:  # known by what it raised
         extra["exception"], extra["got"] = raised_by(verdict)
+    fitted = f"; {saved['fitted']}" if saved.get("fitted") else ""
     return replace(verdict, extra=extra,
-                   detail=f"under other kernel configs ({configs.describe(saved)}): "
-                          + verdict.detail)
+                   detail=f"under other kernel configs ({configs.describe(saved)}{fitted}; "
+                          "the campaign runs other configs only on cases that pass under the "
+                          "kernels' own): " + verdict.detail)
 
 
 def batch_variance(contract: Contract, case: Case, target: Callable[..., Any], *,

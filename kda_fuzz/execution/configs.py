@@ -90,7 +90,10 @@ def pinned(saved: Mapping[str, Any]) -> contextlib.AbstractContextManager[Altern
 
 def note(alt: Alternative) -> dict[str, Any]:
     """What a corpus file records of the configs a call ran (``Case.notes[NOTE]``)."""
-    return {"index": alt.index, "seed": alt.seed, "configs": alt.used}
+    out: dict[str, Any] = {"index": alt.index, "seed": alt.seed, "configs": alt.used}
+    if alt.adjusted:
+        out["fitted"] = alt.adjusted
+    return out
 
 
 def tag(saved: Mapping[str, Any]) -> str:
@@ -203,8 +206,26 @@ def choose(bound: Any, default: Any, args: Sequence[Any]) -> Any:
             raise ConfigUnavailable(f"{name} has {len(options)} other config(s) here")
         config = options[alt.index]
         config, alt.adjusted = fit_to_call(config, args, _parameters(bound))
+        if alt.adjusted:
+            _check_fitted(bound, config, name)
     alt.used[name] = {k: _plain(v) for k, v in dict(config.config).items()}
     return config
+
+
+def _check_fitted(bound: Any, config: Any, name: str) -> None:
+    """Raise :class:`ConfigUnavailable` unless the kernel's config space accepts ``config``
+    (a drawn config fitted to the call): only configs Helion itself would take are run, so
+    that a wrong result under one is the kernel's (or Helion's code for that config), never
+    an artefact of the fitting."""
+    spec = getattr(bound, "config_spec", None)
+    check = getattr(spec, "normalize", None)
+    if check is None:
+        return
+    try:
+        check(dict(getattr(config, "config", config) or {}))
+    except Exception as e:
+        raise ConfigUnavailable(f"{name}: the drawn config with pointer indexing is not one "
+                                f"its config space accepts ({_one_line(e)})") from None
 
 
 DESCRIPTOR_ALIGNMENT = 16  # bytes: a TMA tensor descriptor's base address must be a multiple
