@@ -215,3 +215,125 @@ def test_a_sanitizer_file_is_skipped_by_pytest_without_a_gpu(
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rs")
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines(["*sanitizer-*needs --device cuda and compute-sanitizer*"])
+
+
+# ------------------------------------------------------------------ one worker per campaign
+
+
+def _starts(path: Path) -> list[int]:
+    return [int(x) for x in path.read_text().split()] if path.exists() else []
+
+
+def _gone(pids: list[int], within: float) -> bool:
+    import os
+    import time
+
+    end = time.monotonic() + within
+    while time.monotonic() < end:
+        alive = []
+        for pid in pids:
+            try:
+                os.kill(pid, 0)
+                alive.append(pid)
+            except ProcessLookupError:
+                pass
+        if not alive:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_planted_report_is_the_case_that_was_running(
+        fake_tool: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("FAKE_SANITIZER_REPORT", "2")
+    monkeypatch.setenv("FAKE_SANITIZER_STARTS", str(tmp_path / "starts"))
+    reports = sanitizer.sanitize("memcheck", REFERENCE, [_case(1), _case(2), _case(3)],
+                                 device="cpu")
+    assert [r.status for r in reports] == ["clean", "errors", "clean"]
+    assert reports[1].errors[0].tensor is None and "Invalid __global__ read" in reports[1].text
+    assert len(_starts(tmp_path / "starts")) == 1  # one sanitized process for all three
+
+
+@pytest.mark.parametrize("with_report", [True, False])
+def test_a_crash_of_the_sanitized_process_is_reported_and_the_worker_restarts(
+        fake_tool: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        with_report: bool) -> None:
+    monkeypatch.setenv("FAKE_SANITIZER_CRASH", "2")
+    monkeypatch.setenv("FAKE_SANITIZER_ONCE", str(tmp_path / "once"))
+    monkeypatch.setenv("FAKE_SANITIZER_STARTS", str(tmp_path / "starts"))
+    if with_report:
+        monkeypatch.setenv("FAKE_SANITIZER_CRASH_REPORT", "1")
+    reports = sanitizer.sanitize("memcheck", REFERENCE, [_case(1), _case(2), _case(1, 5)],
+                                 device="cpu")
+    statuses = [r.status for r in reports]
+    assert statuses == ["clean", "errors" if with_report else "failed", "clean"], reports
+    assert "died (exit status 137) while running the case" in reports[1].note
+    if with_report:  # evidence: a finding of the case that was running
+        v = reports[1].verdict()
+        assert v is not None and v.kind == "sanitizer"
+    assert len(_starts(tmp_path / "starts")) == 2
+
+
+def test_one_sanitized_worker_serves_every_job_of_a_campaign(
+        fake_tool: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from kda_fuzz.campaign.supervisor import Supervisor
+
+    monkeypatch.setenv("FAKE_SANITIZER_STARTS", str(tmp_path / "starts"))
+    options = CampaignOptions.of(device="cpu", max_examples=24, seed=5, sanitize="memcheck",
+                                 sanitize_every=2, max_failures=5, budget=1 << 12)
+    sup = Supervisor("kda", "triton", [WIDE], 2, options=options, timeout=60.0)
+    report = sup.run()
+    assert report.sanitize_sampled > 2
+    assert report.sanitized == report.sanitize_sampled, report.to_json()["sanitizer"]
+    assert report.sanitize_failed == 0
+    found = [f for f in report.failures if f.verdict.kind == "sanitizer"]
+    assert len(found) == 1 and found[0].verdict.output == "ssm_state_indices"
+    assert report.sanitize_found >= 1
+    assert len(_starts(tmp_path / "starts")) == 1  # one worker for both jobs
+
+
+def test_a_slow_start_up_leaves_samples_not_run_and_the_campaign_ends_in_time(
+        fake_tool: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import time
+
+    from kda_fuzz.campaign.sanitizing import sanitizer_note
+
+    monkeypatch.setenv("FAKE_SANITIZER_STARTUP", "120")
+    monkeypatch.setenv("FAKE_SANITIZER_STARTS", str(tmp_path / "starts"))
+    options = CampaignOptions.of(device="cpu", max_examples=100_000, seed=3,
+                                 sanitize="memcheck", sanitize_every=1, max_seconds=4.0,
+                                 budget=1 << 12)
+    t = time.monotonic()
+    report = Campaign(KDA, "triton", [load_target(REFERENCE)], options=options).run()
+    assert time.monotonic() - t < 4.0 + 2.0
+    assert report.sanitize_sampled > 0
+    assert report.sanitized == 0 and report.sanitize_failed == 0
+    assert report.to_json()["sanitizer"]["not_run"] == report.sanitize_sampled
+    note = sanitizer_note(report, "memcheck", 1)
+    assert f"{report.sanitize_sampled} not run (time ran out" in note and "0 failed" in note
+    assert _gone(_starts(tmp_path / "starts"), 3.0)  # the sanitized worker was stopped
+
+
+def test_a_sanitizer_that_cannot_start_is_the_environments_failure(
+        fake_tool: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kda_fuzz.engine.oracle import EnvironmentFailure
+
+    monkeypatch.setenv("FAKE_SANITIZER_NO_START", "1")
+    options = CampaignOptions.of(device="cpu", max_examples=20, seed=3, sanitize="memcheck",
+                                 sanitize_every=1, budget=1 << 12)
+    with pytest.raises(EnvironmentFailure, match=r"cannot start.*could not start"):
+        Campaign(KDA, "triton", [load_target(REFERENCE)], options=options).run()
+
+
+def test_a_sanitizer_finding_is_minimized_under_the_tool(fake_tool: Path) -> None:
+    from kda_fuzz.campaign.runner import Failure
+    from kda_fuzz.campaign.sanitizing import minimize_finding
+
+    (report,) = sanitizer.sanitize("memcheck", WIDE, [_case(7)], device="cpu")
+    verdict = report.verdict()
+    assert verdict is not None
+    f = Failure(_case(7), verdict, WIDE)
+    assert minimize_finding(KDA, f, device="cpu", seconds=20.0)
+    assert f.case.tensors["ssm_state_indices"].shape[0] == 3  # the smallest that reads past
+    assert f.verdict.kind == "sanitizer"
+    assert f.verdict.extra["sanitizer"]["errors"][0]["tensor"] == "ssm_state_indices"

@@ -19,7 +19,7 @@ from typing import Any
 from kda_fuzz.campaign.channel import ExitReason, Stop
 from kda_fuzz.campaign.minimize import minimize_with_verdict
 from kda_fuzz.campaign.runner import HARD_KINDS, Failure, Target, minimizable
-from kda_fuzz.campaign.sanitizing import attach_report
+from kda_fuzz.campaign.sanitizing import attach_report, minimize_finding
 from kda_fuzz.campaign.supervisor import candidate_timeout, minimized_detail
 from kda_fuzz.corpus.store import CaseTooLarge, save_failure
 from kda_fuzz.engine.contract import Contract
@@ -246,13 +246,24 @@ class FindingSaver:
                 "partly minimized: minimization cut short by the --max-seconds deadline")
 
     def _sanitized(self, f: Failure) -> None:
-        """With ``sanitize``: the (minimized) case replayed under the tool, its report
-        attached, when there is time left for it."""
-        if self.sanitize is None or self.stopped is not None:
+        """When there is time left: a ``sanitizer`` finding minimized under its tool (its
+        report is the minimized case's); with ``sanitize``, any other finding's (minimized)
+        case replayed under the tool, its report attached."""
+        if self.stopped is not None or (f.verdict.kind != "sanitizer" and self.sanitize is None):
             return
         left = None if self.deadline is None else self.deadline - SAVE_MARGIN - time.monotonic()
         if left is not None and left < 5.0:
             return
+        if f.verdict.kind == "sanitizer":
+            try:
+                minimize_finding(self.contract, f, device=self.device,
+                                 seconds=min(self.shrink_seconds, left or self.shrink_seconds),
+                                 abort=lambda: self._out_of_time())
+            except Exception as e:  # the machinery's own: the finding is saved as found
+                f.note = (f.note + "; " if f.note else "") + (
+                    f"not minimized under the sanitizer: {type(e).__name__}: {e}")
+            return
+        assert self.sanitize is not None
         attach_report(f, self.sanitize, self.device, timeout=min(600.0, left or 600.0))
 
     def _out_of_time(self) -> bool:

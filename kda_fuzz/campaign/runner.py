@@ -128,13 +128,16 @@ class Report:
     seeds: int = 0  # of ``examples``: seed cases run (CampaignOptions.seeds)
     batch_checks: int = 0  # valid examples whose rows were re-run in other batches
     graph_checks: int = 0  # valid examples also replayed from a CUDA graph
-    # --sanitize: passing cases sampled for compute-sanitizer, those it ran (clean or not),
-    # those whose sanitized run failed or was given up (never verdicts), and the tool's
-    # seconds per case summed
+    # --sanitize: samples (passing case x target) sent to compute-sanitizer, those it ran
+    # to their end (clean or not), of them those with errors (findings), those whose
+    # sanitized run failed (never verdicts; by cause), and the tool's seconds per case
+    # summed; the rest were not run (time ran out, or the campaign stopped, first)
     sanitize_sampled: int = 0
     sanitized: int = 0
+    sanitize_found: int = 0
     sanitize_failed: int = 0
     sanitize_seconds: float = 0.0
+    sanitize_causes: Counter = field(default_factory=Counter)
     seconds: float = 0.0
     seed: int | None = None
     checks_hit: Counter = field(default_factory=Counter)
@@ -186,8 +189,9 @@ class Report:
     family: Contract | None = field(default=None, repr=False, compare=False)
 
     COUNTERS = ("examples", "valid_cases", "broken_cases", "skipped", "seeds", "batch_checks",
-                "graph_checks", "sanitize_sampled", "sanitized", "sanitize_failed",
-                "sanitize_seconds", "compiles", "compiling_seconds", "startup_seconds",
+                "graph_checks", "sanitize_sampled", "sanitized", "sanitize_found",
+                "sanitize_failed", "sanitize_seconds", "compiles", "compiling_seconds",
+                "startup_seconds",
                 "unexecutable", "unexecutable_valid", "config_checks", "config_runs",
                 "config_adjusted")
 
@@ -299,6 +303,7 @@ class Report:
                    peaks=dict(self.peaks), unexecutable_causes=dict(self.unexecutable_causes),
                    shifted=dict(self.shifted), mode_seconds=dict(self.mode_seconds),
                    pinned=dict(self.pinned), config_skips=dict(self.config_skips),
+                   sanitize_causes=dict(self.sanitize_causes),
                    variants={t: {k: vars(r).copy() for k, r in seen.items()}
                              for t, seen in self.variants.items()})
         return out
@@ -317,6 +322,7 @@ class Report:
         self.shifted.update(c.get("shifted", {}))
         self.mode_seconds.update(c.get("mode_seconds", {}))
         self.pinned.update(c.get("pinned", {}))
+        self.sanitize_causes.update(c.get("sanitize_causes", {}))
         for cause, n in c.get("config_skips", {}).items():
             if cause in self.config_skips or len(self.config_skips) < CAUSES:
                 self.config_skips[cause] += n
@@ -372,7 +378,11 @@ class Report:
             "mode_seconds": {k: round(v, 3) for k, v in sorted(self.mode_seconds.items())},
             "pinned_examples": dict(sorted(self.pinned.items())),
             "sanitizer": {"sampled": self.sanitize_sampled, "sanitized": self.sanitized,
+                          "found": self.sanitize_found,
+                          "not_run": max(0, self.sanitize_sampled - self.sanitized
+                                         - self.sanitize_failed),
                           "failed": self.sanitize_failed,
+                          "failed_causes": dict(self.sanitize_causes),
                           "seconds": round(self.sanitize_seconds, 3)},
             "variants": self.variants_json(),
             "unrun_variants": self.unrun_variants(),
@@ -746,7 +756,7 @@ class Campaign:
         self._largest: int | None = None  # the whole plan's largest arm (see arms)
         self._t0 = time.monotonic()
         self._nth = 0  # the number of the example being run (from 1)
-        self._sanitizer: sanitizing.SanitizerQueue | None = None  # with options.sanitize
+        self._sanitizer: sanitizing.SanitizerClient | None = None  # with options.sanitize
         self.steering = Steering(self.options.seed or 0,
                                  resume[1].get("steering") if resume is not None else None)
 
@@ -774,6 +784,7 @@ class Campaign:
         self._deadline = deadline
         arms = self.arms()
         largest = self._largest or max((a.examples for a in arms), default=1)
+        self._sanitizer_start(deadline)
         try:
             self._run_seeds(deadline)
         except _Stopped:
@@ -944,7 +955,7 @@ class Campaign:
             with self._timed("other kernel configs"):
                 self._other_configs(pos, case, outcomes)
         if first.status == "pass" and self._sanitize_turn(pos, first, case):
-            self._sanitizer_submit(case)
+            self._sanitizer_submit(pos, case)
         self._sanitizer_collect()
         for peer in self.peers if first.status == "pass" else ():
             main = self.targets[0]
@@ -1028,46 +1039,64 @@ class Campaign:
                 == 0 and sum(t.footprint() * t.base.element_size()
                              for t in case.tensors.values()) <= sanitizing.MAX_CASE_BYTES)
 
-    def _sanitizer_submit(self, case: Case) -> None:
+    def _sanitizer_start(self, deadline: float | None) -> None:
+        """With ``sanitize``: connect to the campaign's sanitized worker now (its start-up
+        overlaps the examples; SanitizerMissing before any)."""
+        o = self.options
+        if o.sanitize is None:
+            return
+        self._sanitizer = sanitizing.SanitizerClient(
+            o.sanitize, o.device, [t.name for t in self.targets[:len(self.targets)
+                                                                - len(self.peers)]],
+            name=f"{o.job[0]}:{o.shard[0]}", seed=o.seed, origin=o.origin, deadline=deadline)
+        self._sanitizer.start()
+
+    def _sanitizer_submit(self, pos: Position, case: Case) -> None:
         if self._sanitizer is None:
-            assert self.options.sanitize is not None
-            self._sanitizer = sanitizing.SanitizerQueue(self.options.sanitize,
-                                                        self.options.device)
-        self.report.sanitize_sampled += 1
+            return
         cpu = case.on("cpu")
         for index, target in enumerate(self.targets[:len(self.targets) - len(self.peers)]):
-            self._sanitizer.submit(sanitizing.Sample(cpu, target.name, index))
+            self.report.sanitize_sampled += 1
+            self._sanitizer.submit(sanitizing.Sample(cpu, target.name, index, (pos, index)))
 
     def _sanitizer_collect(self, samples: list[sanitizing.Sample] | None = None) -> None:
         """Count the sanitized samples back (``samples``, else those ready now); a report
-        with errors is a failure of its own kind."""
-        if self._sanitizer is None:
+        with errors is a failure of its own kind. A sanitizer that cannot run at all is
+        the environment's failure."""
+        client = self._sanitizer
+        if client is None:
             return
-        for s in self._sanitizer.ready() if samples is None else samples:
+        if client.unavailable is not None and not client.unavailable.ran \
+                and not self.report.sanitized:
+            raise EnvironmentFailure(f"--sanitize {client.tool}: {client.unavailable.detail}")
+        for s in client.ready() if samples is None else samples:
             r = s.report
-            if r is None or r.status == "failed":
-                self.report.sanitize_failed += 1
-                why = (f"a sanitized run failed (not a verdict): {r.note[:200]}"
-                       if r is not None and r.note else "")
-                if why and why not in self.report.notes:
-                    self.report.notes.append(why)
+            if r is None:
                 continue
-            self.report.sanitized += 1
-            self.report.sanitize_seconds += r.seconds
-            self.report.mode_seconds["sanitizer"] += r.seconds
-            verdict = r.verdict()
-            if verdict is not None:
+            if not s.counted:
+                s.counted = True
+                if r.status == "failed":
+                    self.report.sanitize_failed += 1
+                    self.report.sanitize_causes[_sanitizer_cause(r.note)] += 1
+                    continue
+                self.report.sanitized += 1
+                self.report.sanitize_seconds += r.seconds
+                self.report.mode_seconds["sanitizer"] += r.seconds
+            verdict = r.verdict()  # (a later report: errors printed after the case ended)
+            if verdict is not None and not s.found:
+                s.found = True
+                self.report.sanitize_found += 1
                 self._failed(s.case, verdict, self.targets[s.index], confirmed=True)
 
     def _sanitizer_finish(self, deadline: float | None) -> None:
-        """Wait for the samples still with the sanitizer (until ``deadline``)."""
+        """Collect the samples still with the sanitizer (until ``deadline``); those not
+        run by then stay counted as not run."""
         if self._sanitizer is None:
             return
-        done, lost = self._sanitizer.finish(
-            None if deadline is None else deadline - 1.0,
-            stopped=lambda: self.stop is not None and self.stop())
-        self.report.sanitize_failed += lost
+        done, _ = self._sanitizer.finish(deadline,
+                                         stopped=lambda: self.stop is not None and self.stop())
         self._sanitizer_collect(done)
+
     def _layout(self, case: Case) -> str:
         summarize = self.contract.summarize
         return summarize(case) if summarize is not None else case.describe()
@@ -1326,6 +1355,13 @@ def require_executed(report: Report) -> None:
         f"not executable here: {report.unexecutable} example(s) "
         f"({report.unexecutable_valid} valid layouts), skipped: a failure of the execution "
         f"machinery, not a verdict on the target: {causes}")
+
+
+def _sanitizer_cause(note: str) -> str:
+    """A failed sanitized run's cause, its numbers masked (so that causes count together)."""
+    import re
+
+    return re.sub(r"0x[0-9a-fA-F]+|\d+", "N", note)[:160] or "no cause given"
 
 
 def minimizable(verdict: Verdict) -> bool:

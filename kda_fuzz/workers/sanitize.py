@@ -2,22 +2,31 @@
 ``initcheck``): what a differential check cannot see, such as a read past a tensor's end
 whose value is masked out.
 
-A batch of cases runs in one sanitized Python process (its start-up, a CUDA context under
-the tool, is most of the cost) with PyTorch's caching allocator off, so that each tensor is
-an allocation of its own and an access past its end is past an allocation. Each tensor is
-rebuilt tight: its view's reach, with no guard cells around it. A batch that reports
-errors is split in halves until each error is one case's; the tensor an error names is
-found from the allocation addresses the worker records.
+A :class:`SanitizedWorker` is one long-lived Python process under the tool (its start-up,
+imports and a CUDA context under the tool, is most of the cost: it is paid once), run with
+PyTorch's caching allocator off, so that each tensor is an allocation of its own and an
+access past its end is past an allocation. Cases are streamed to it one at a time (the
+messages below, pickled to bytes: CPU tensors travel by value), each rebuilt tight (its
+view's reach, no guard cells) and run between two marker lines on its output, its
+launches synchronized before the second. The tool's lines between the markers are that
+case's; an error that names an allocation is the case's whose tensor it is (the worker
+keeps the last ``KEEP`` cases' buffers alive, so their addresses stay distinct), one
+printed late goes to the case it names. A process that dies is started again; what the
+tool reported before it died is the running case's report.
 
-Run as ``python -m kda_fuzz.workers.sanitize BATCH RESULT`` by :func:`sanitize`, never by
-hand.
+:func:`dispatch` serves one such worker to every campaign job of a GPU (see
+:mod:`kda_fuzz.campaign.sanitizing`). Run as ``python -m kda_fuzz.workers.sanitize serve
+...`` (the worker) or ``... dispatch ...`` by this module, never by hand.
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import os
+import pickle
 import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -25,8 +34,9 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from multiprocessing.connection import Client, Connection, Listener
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +48,14 @@ from kda_fuzz.engine.verdict import Verdict
 
 TOOLS = ("memcheck", "racecheck", "initcheck")
 ENV_TOOL = "KDA_FUZZ_COMPUTE_SANITIZER"  # which compute-sanitizer to run (a path)
+ENV_KEY = "KDA_FUZZ_SANITIZE_KEY"  # the authkey of a worker's or dispatcher's socket (hex)
 ERROR_EXIT = 86  # the sanitized process's exit status when the tool reported errors
-BATCH = 8  # cases per sanitized process
 KEPT_ERRORS = 8  # errors of a report a corpus file keeps (all are counted)
 MAX_CASE_BYTES = 1 << 20  # tensor bytes of a case sampled for the sanitizer (cost, file size)
+KEEP = 16  # cases whose buffers a worker keeps allocated (their addresses stay distinct)
+MARK = "KDA-FUZZ-SANITIZE"  # the worker's marker lines: "MARK BEGIN id", "MARK END id"
+SETTLE = 0.02  # seconds the tool's lines may lag a case's end marker
+START_TIMEOUT = 600.0  # seconds a sanitized process may take to start
 
 _PREFIX = "========="
 _HEADERS = re.compile(
@@ -194,7 +208,404 @@ def tight(arg: TensorArg) -> TensorArg:
     return TensorArg(arg.base[arg.offset:reach].clone(), arg.shape, arg.stride, 0)
 
 
+# ------------------------------------------------------------------ messages
+# Sent pickled to bytes (``send``/``recv``): CPU tensors by value, never through the
+# shared-memory handles of multiprocessing's own pickler.
+
+
+@dataclass(frozen=True)
+class RunCase:
+    """To a worker: run ``case`` (a pickled CPU :class:`Case`) on ``target``."""
+
+    id: int
+    target: str
+    case: bytes
+
+
+@dataclass(frozen=True)
+class Quit:
+    """To a worker: end."""
+
+
+@dataclass(frozen=True)
+class Ready:
+    """From a worker: its imports done, its targets loaded, its device context made."""
+
+    pid: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Started:
+    """From a worker: case ``id`` is about to be called; its tensors' (address, bytes)."""
+
+    id: int
+    tensors: dict[str, tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class CaseDone:
+    """From a worker: case ``id`` returned and its launches ended (``raised``: what the
+    call raised, only noted); ``lost``: the device context is gone, the worker ends."""
+
+    id: int
+    seconds: float
+    raised: str = ""
+    lost: str = ""
+
+
+@dataclass(frozen=True)
+class Hello:
+    """A job to its dispatcher: its name (a restarted job says the same one, and is sent
+    the reports not delivered to the one before)."""
+
+    client: str
+
+
+@dataclass(frozen=True)
+class Submit:
+    """A job to its dispatcher: sanitize ``case`` (a pickled CPU :class:`Case`) on
+    ``target``; ``key`` is the job's name for it (a key given twice is run once)."""
+
+    key: Any
+    target: str
+    case: bytes
+
+
+@dataclass(frozen=True)
+class Bye:
+    """A job to its dispatcher: it sends nothing more."""
+
+
+@dataclass(frozen=True)
+class Result:
+    """A dispatcher to a job: the report on its sample ``key``; a second one may follow
+    for the same key (errors the tool printed after the case had ended)."""
+
+    key: Any
+    report: SanitizerReport
+
+
+@dataclass(frozen=True)
+class Unavailable:
+    """A dispatcher to its jobs: the sanitizer cannot run here (``detail``); ``ran``:
+    whether it ran any case before."""
+
+    detail: str
+    ran: bool
+
+
+def send(conn: Connection, msg: Any) -> None:
+    """Send one message (pickled here, so tensors go by value)."""
+    conn.send_bytes(pickle.dumps(msg))
+
+
+def recv(conn: Connection) -> Any:
+    """Receive one message (raises ``EOFError`` when the other end is gone)."""
+    return pickle.loads(conn.recv_bytes())
+
+
 # ------------------------------------------------------------------ the parent
+
+
+class StartFailed(EnvironmentFailure):
+    """A sanitized process ended, or did not become ready, before its first case."""
+
+
+_live: set[_Process] = set()
+_live_lock = threading.Lock()
+
+
+def kill_all() -> None:
+    """Kill every sanitized process this process has running."""
+    with _live_lock:
+        procs = list(_live)
+    for proc in procs:
+        proc.kill()
+
+
+class _Process:
+    """One sanitized process: its output lines (read as they come) and its messages."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str], listener: Listener,
+                 folder: str) -> None:
+        self.listener, self.folder = listener, folder
+        self.lines: list[str] = []
+        self.inbox: collections.deque[Any] = collections.deque()
+        self.cond = threading.Condition()
+        self.eof = self.closed = self.ready = False
+        self.conn: Connection | None = None
+        self.popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True, errors="replace",
+                                      env=env, start_new_session=True)
+        with _live_lock:
+            _live.add(self)
+        for fn in (self._read, self._accept):
+            threading.Thread(target=fn, name="kda-fuzz-sanitized-io", daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.popen.stdout is not None
+        for line in self.popen.stdout:
+            with self.cond:
+                self.lines.append(line.rstrip("\n"))
+                self.cond.notify_all()
+        with self.cond:
+            self.eof = True
+            self.cond.notify_all()
+
+    def _accept(self) -> None:
+        try:
+            conn = self.listener.accept()
+        except (OSError, EOFError, ValueError):  # closed by ``kill``, or a failed handshake
+            with self.cond:
+                self.closed = True
+                self.cond.notify_all()
+            return
+        with self.cond:
+            self.conn = conn
+        while True:
+            try:
+                msg = recv(conn)
+            except (EOFError, OSError, pickle.UnpicklingError):
+                break
+            with self.cond:
+                self.inbox.append(msg)
+                self.cond.notify_all()
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+
+    def gone(self) -> bool:
+        return self.closed or self.popen.poll() is not None
+
+    def wait_lines(self, pred: Callable[[], bool], seconds: float) -> None:
+        """Wait until ``pred()`` holds, the output ends or ``seconds`` pass."""
+        end = time.monotonic() + seconds
+        with self.cond:
+            while not pred() and not self.eof and time.monotonic() < end:
+                self.cond.wait(max(0.0, min(0.1, end - time.monotonic())))
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        try:
+            self.popen.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        for closing in (self.conn, self.listener):
+            try:
+                if closing is not None:
+                    closing.close()
+            except OSError:
+                pass
+        shutil.rmtree(self.folder, ignore_errors=True)
+        with _live_lock:
+            _live.discard(self)
+
+
+class SanitizedWorker:
+    """A long-lived sanitized Python process that runs cases one at a time (see the
+    module's docstring), started again whenever it dies, reports errors or loses its
+    device context. ``targets`` are loaded during its start-up."""
+
+    def __init__(self, exe: str, tool: str, device: str, targets: Sequence[str] = ()) -> None:
+        if tool not in TOOLS:
+            raise ValueError(f"unknown sanitizer tool {tool!r} (one of {', '.join(TOOLS)})")
+        self.exe, self.tool, self.device, self.targets = exe, tool, device, list(targets)
+        self.starts = 0  # processes started
+        self.ran = 0  # cases run to their end
+        self.startup: float | None = None  # seconds the last process took to be ready
+        self.last_id = -1  # the id of the case :meth:`run` ran last
+        self._late: list[tuple[int, SanitizerError]] = []
+        self._p: _Process | None = None
+        self._next = 0
+        self._recent: collections.deque[tuple[int, dict[str, tuple[int, int]]]] = \
+            collections.deque(maxlen=KEEP)
+
+    def __enter__(self) -> SanitizedWorker:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        """Start a sanitized process now (returns at once), ending the one before."""
+        self.kill()
+        folder = tempfile.mkdtemp(prefix="kda-fuzz-sanitize-")
+        key = secrets.token_bytes(16)
+        address = str(Path(folder, "w.sock"))
+        listener = Listener(address, family="AF_UNIX", authkey=key)
+        cmd = [self.exe, "--tool", self.tool, "--error-exitcode", str(ERROR_EXIT),
+               "--print-limit", "64", "--target-processes", "application-only",
+               "--launch-timeout", "0",
+               *(("--destroy-on-device-error", "kernel") if self.tool == "memcheck" else ()),
+               sys.executable, "-m", "kda_fuzz.workers.sanitize", "serve", address,
+               self.device, *self.targets]
+        env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "PYTHONUNBUFFERED": "1",
+               ENV_KEY: key.hex()}
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), env.get("PYTHONPATH"))
+                                            if p)
+        self._t0 = time.monotonic()
+        self._p = _Process(cmd, env, listener, folder)
+        self.starts += 1
+        self._recent.clear()
+
+    def kill(self) -> None:
+        """Kill the sanitized process, if one runs."""
+        if self._p is not None:
+            self._p.kill()
+            self._p = None
+
+    def stop(self) -> None:
+        """End the sanitized process (asked first, killed after a second)."""
+        p = self._p
+        if p is not None and p.conn is not None and not p.gone():
+            try:
+                send(p.conn, Quit())
+                p.popen.wait(timeout=1.0)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+
+    def wait_ready(self, timeout: float, abort: Callable[[], bool] | None = None) -> bool:
+        """Wait until the process is ready (started if none runs); False when ``timeout``
+        passed or ``abort()`` held first. Raises :class:`StartFailed` when it ended first."""
+        if self._p is None:
+            self.start()
+        p = self._p
+        assert p is not None
+        end = time.monotonic() + timeout
+        while not p.ready:
+            with p.cond:
+                if p.inbox and isinstance(p.inbox[0], Ready):
+                    p.ready = True
+                    self.startup = time.monotonic() - self._t0
+                    p.inbox.popleft()
+                    break
+                if not p.gone() and time.monotonic() < end and not (abort and abort()):
+                    p.cond.wait(0.1)
+                    continue
+            if p.gone():
+                p.wait_lines(lambda: False, 2.0)
+                code = p.popen.poll()
+                tail = _tail("\n".join(p.lines))
+                self.kill()
+                raise StartFailed(f"the sanitized process ended ({_how(code)}) before it was "
+                                  f"ready: {tail}")
+            return False
+        return True
+
+    def take_late(self) -> list[tuple[int, SanitizerError]]:
+        """Errors the tool printed after their case had ended: (case id, error)."""
+        late, self._late = self._late, []
+        return late
+
+    def run(self, target: str, case: Case | bytes, timeout: float = 600.0,
+            abort: Callable[[], bool] | None = None) -> SanitizerReport | None:
+        """Run ``case`` on ``target`` under the tool; its report, or None when ``abort()``
+        held first (the process is killed). Raises :class:`StartFailed` when the process
+        could not start."""
+        if not self.wait_ready(START_TIMEOUT, abort):
+            if abort is not None and abort():
+                self.kill()
+                return None
+            self.kill()
+            raise StartFailed(f"the sanitized process was not ready within {START_TIMEOUT:g} s")
+        p = self._p
+        assert p is not None and p.conn is not None
+        blob = case if isinstance(case, bytes) else pickle.dumps(case.on("cpu"))
+        cid = self.last_id = self._next
+        self._next += 1
+        with p.cond:
+            cursor = len(p.lines)
+        t0 = time.monotonic()
+        started: Started | None = None
+        done: CaseDone | None = None
+        try:
+            send(p.conn, RunCase(cid, target, blob))
+        except OSError:
+            pass
+        while done is None:
+            with p.cond:
+                while p.inbox:
+                    msg = p.inbox.popleft()
+                    if isinstance(msg, Started) and msg.id == cid:
+                        started = msg
+                    elif isinstance(msg, CaseDone) and msg.id == cid:
+                        done = msg
+                if done is not None:
+                    break
+                if not p.gone() and time.monotonic() - t0 < timeout and not (abort and abort()):
+                    p.cond.wait(0.05)
+                    continue
+            if abort is not None and abort():
+                self.kill()
+                return None
+            if p.gone():
+                break
+            self.kill()
+            return SanitizerReport(self.tool, "failed", seconds=timeout,
+                                   note=f"the case did not end within {timeout:g} s under the "
+                                   "tool (the sanitized process was killed)")
+        seconds = time.monotonic() - t0
+        end = f"{MARK} END {cid}"
+        if done is not None:
+            p.wait_lines(lambda: end in p.lines[cursor:], 2.0)
+            time.sleep(SETTLE)
+        else:
+            p.wait_lines(lambda: False, 2.0)  # the rest of what the tool said
+            try:
+                p.popen.wait(timeout=2.0)
+            except subprocess.TimeoutExpired:
+                pass
+        with p.cond:
+            window = list(p.lines[cursor:])
+        own = started.tensors if started is not None else {}
+        allocations = {f"{i}/{name}": v for i, tensors in [*self._recent, (cid, own)]
+                       for name, v in tensors.items()}
+        mine: list[SanitizerError] = []
+        for e in parse_report("\n".join(window), allocations):
+            owner, _, name = (e.tensor or "").partition("/")
+            if e.tensor is None or int(owner) == cid:
+                mine.append(replace(e, tensor=name or None))
+            else:
+                self._late.append((int(owner), replace(e, tensor=name)))
+        code = p.popen.poll() if done is None else None
+        if not mine and code == ERROR_EXIT:  # errors in words we do not know
+            mine = [SanitizerError(_first_error_line("\n".join(window)),
+                                   text=_tool_lines("\n".join(window))[:2000])]
+        if started is not None:
+            self._recent.append((cid, own))
+        raised = done.raised if done is not None else ""
+        died = "" if done is not None else (
+            f"the sanitized process died ({_how(code)}) while running the case: "
+            f"{_tail(chr(10).join(w for w in window if not w.startswith(MARK)))}")
+        text = _tool_lines("\n".join(window))
+        if mine:
+            report = SanitizerReport(self.tool, "errors", mine, seconds,
+                                     "; ".join(n for n in (raised, died) if n), text)
+        elif died:
+            report = SanitizerReport(self.tool, "failed", [], seconds, died, text)
+        else:
+            report = SanitizerReport(self.tool, "clean", [], seconds, raised)
+        if done is not None:
+            self.ran += 1
+        if died or (done is not None and done.lost) or (mine and self.device != "cpu"):
+            self.kill()  # a fresh process (and device context) for the next case
+        return report
+
+
+def _how(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit status {code}"
 
 
 def sanitize(tool: str, target: str, cases: Sequence[Case], *, device: str = "cuda",
@@ -208,111 +619,27 @@ def sanitize(tool: str, target: str, cases: Sequence[Case], *, device: str = "cu
 
 def run(exe: str, tool: str, target: str, cases: Sequence[Case], *, device: str = "cuda",
         timeout: float = 600.0) -> list[SanitizerReport]:
-    """:func:`sanitize` with the tool's path given (:func:`find_sanitizer`)."""
-    return _sanitize(exe, tool, target, list(cases), device, timeout)
-
-
-_live: set[subprocess.Popen[str]] = set()
-_live_lock = threading.Lock()
-
-
-def kill_all() -> None:
-    """Kill every sanitized process running (a job that stops does not wait for them)."""
-    with _live_lock:
-        procs = list(_live)
-    for proc in procs:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except OSError:
-            pass
-
-
-def _sanitize(exe: str, tool: str, target: str, cases: list[Case], device: str,
-              timeout: float) -> list[SanitizerReport]:
-    if not cases:
-        return []
-    reports = _run_batch(exe, tool, target, cases, device, timeout)
-    unsure = [i for i, r in enumerate(reports) if r.status == "unsure"]
-    if not unsure:
-        return reports
-    if len(unsure) == 1:  # the only case the errors can be of
-        reports[unsure[0]] = _run_batch(exe, tool, target, [cases[unsure[0]]], device,
-                                        timeout)[0]
-        return reports
-    half = len(unsure) // 2  # errors that name no case's tensor: split the cases
-    for part in (unsure[:half], unsure[half:]):
-        for i, r in zip(part, _sanitize(exe, tool, target, [cases[i] for i in part], device,
-                                        timeout)):
-            reports[i] = r
+    """:func:`sanitize` with the tool's path given (:func:`find_sanitizer`): the cases in
+    one sanitized process (another after one that dies or reports errors)."""
+    reports: list[SanitizerReport] = []
+    index: dict[int, int] = {}
+    cannot = ""
+    with SanitizedWorker(exe, tool, device, [target]) as worker:
+        for case in cases:
+            report: SanitizerReport | None = None
+            if not cannot:
+                try:
+                    report = worker.run(target, case, timeout)
+                    index[worker.last_id] = len(reports)
+                except StartFailed as e:
+                    cannot = str(e)
+            reports.append(report or SanitizerReport(tool, "failed", note=cannot))
+            for cid, err in worker.take_late():
+                i = index.get(cid)
+                if i is not None:
+                    reports[i] = replace(reports[i], status="errors",
+                                         errors=[*reports[i].errors, err])
     return reports
-
-
-def _run_batch(exe: str, tool: str, target: str, cases: list[Case], device: str,
-               timeout: float) -> list[SanitizerReport]:
-    """One sanitized process for ``cases``. A report is ``unsure`` when the tool reported
-    errors that no single case's tensors account for (several cases ran)."""
-    with tempfile.TemporaryDirectory(prefix="kda-fuzz-sanitize-") as tmp:
-        batch, result = Path(tmp, "batch.pt"), Path(tmp, "result.json")
-        torch.save({"target": target, "device": device,
-                    "cases": [c.on("cpu") for c in cases]}, batch)
-        cmd = [exe, "--tool", tool, "--error-exitcode", str(ERROR_EXIT), "--print-limit", "64",
-               "--target-processes", "application-only", "--launch-timeout", "0",
-               *(("--destroy-on-device-error", "kernel") if tool == "memcheck" else ()),
-               sys.executable, "-m", "kda_fuzz.workers.sanitize", str(batch), str(result)]
-        env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "PYTHONUNBUFFERED": "1"}
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), env.get("PYTHONPATH"))
-                                            if p)
-        started = time.monotonic()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, env=env, start_new_session=True, errors="replace")
-        with _live_lock:
-            _live.add(proc)
-        try:
-            out, _ = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            return [SanitizerReport(tool, "failed", note=f"the sanitized run took over "
-                                    f"{timeout:g} s") for _ in cases]
-        finally:
-            with _live_lock:
-                _live.discard(proc)
-        seconds = (time.monotonic() - started) / len(cases)
-        try:
-            records = json.loads(result.read_text())
-        except (OSError, ValueError):
-            records = None
-        complete = records is not None and len(records) == len(cases) \
-            and all(r.get("done") for r in records)
-        allocations = {f"{i}/{name}": (int(v[0]), int(v[1]))
-                       for i, rec in enumerate(records or [])
-                       for name, v in rec["tensors"].items()}
-        errors = parse_report(out, allocations)
-        if not errors and proc.returncode == ERROR_EXIT:  # errors in words we do not know
-            errors = [SanitizerError(_first_error_line(out), text=_tool_lines(out)[:2000])]
-        if not complete and not errors:
-            why = (f"the sanitized process ended with status {proc.returncode} before it "
-                   f"ran every case: {_tail(out)}")
-            return [SanitizerReport(tool, "failed", seconds=seconds, note=why) for _ in cases]
-        loose = [e for e in errors if e.tensor is None]
-        owners = [int(e.tensor.split("/", 1)[0]) for e in errors if e.tensor is not None]
-        reports = []
-        for i in range(len(cases)):
-            mine = [replace(e, tensor=e.tensor.split("/", 1)[1]) for e in errors
-                    if e.tensor is not None and e.tensor.split("/", 1)[0] == str(i)]
-            rec = (records or [])[i] if i < len(records or []) else {}
-            raised = rec.get("raised", "")
-            # after a case's error the process's later launches may not run: those cases,
-            # like every case of a batch whose errors name no tensor, are run again
-            after = bool(owners) and i > min(owners) and not mine
-            if len(cases) > 1 and (loose or after or not rec.get("done")):
-                reports.append(SanitizerReport(tool, "unsure", mine, seconds, raised))
-            elif mine or loose:
-                reports.append(SanitizerReport(tool, "errors", mine + loose, seconds, raised,
-                                               _tool_lines(out)))
-            else:
-                reports.append(SanitizerReport(tool, "clean", [], seconds, raised))
-        return reports
 
 
 def _first_error_line(text: str) -> str:
@@ -334,49 +661,270 @@ def _tail(text: str, n: int = 400) -> str:
     return " ".join(text.split())[-n:] or "no output"
 
 
+# ------------------------------------------------------------------ the dispatcher
+
+IDLE_SECONDS = 5.0  # a dispatcher with no job connected and nothing to run this long ends
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class _Dispatcher:
+    """Serves one :class:`SanitizedWorker` to the jobs that connect (see :func:`dispatch`)."""
+
+    def __init__(self, address: str, exe: str, tool: str, device: str,
+                 targets: Sequence[str], deadline: float | None, anchor: int) -> None:
+        self.address, self.deadline, self.anchor = address, deadline, anchor
+        self.tool = tool
+        self.worker = SanitizedWorker(exe, tool, device, targets)
+        self.lock = threading.Condition()
+        self.queue: collections.deque[tuple[str, Any, str, bytes]] = collections.deque()
+        self.clients: dict[str, Connection] = {}
+        self.pending: dict[str, list[Any]] = {}
+        self.keys: dict[tuple[str, Any], Result | None] = {}  # None: queued
+        self.ids: dict[int, tuple[str, Any]] = {}  # worker case id -> (client, key)
+        self.unavailable: Unavailable | None = None
+        self.quiet_since = time.monotonic()
+        self.listener = Listener(address, family="AF_UNIX",
+                                 authkey=bytes.fromhex(os.environ.pop(ENV_KEY)))
+
+    def over(self) -> bool:
+        """Whether to end: past the deadline, the campaign gone, or idle."""
+        now = time.monotonic()
+        if self.deadline is not None and now > self.deadline:
+            return True
+        if not _alive(self.anchor):
+            return True
+        with self.lock:
+            idle = not self.clients and not self.queue
+        return idle and now - self.quiet_since > IDLE_SECONDS
+
+    def serve(self) -> None:
+        threading.Thread(target=self._accept, name="kda-fuzz-dispatch-accept",
+                         daemon=True).start()
+        self.worker.start()  # its start-up overlaps the campaign's first examples
+        failures = 0
+        try:
+            while not self.over():
+                with self.lock:
+                    if not self.queue:
+                        self.lock.wait(0.1)
+                    item = self.queue.popleft() if self.queue else None
+                try:
+                    if item is None:
+                        if self.unavailable is None:
+                            self.worker.wait_ready(0.0)  # a process that died: told now
+                        continue
+                    if self.unavailable is not None:
+                        self._deliver(item[0], Result(item[1], SanitizerReport(
+                            self.tool, "failed", note=self.unavailable.detail)))
+                        continue
+                    report = self.worker.run(item[2], item[3], self._timeout(), self.over)
+                except StartFailed as e:
+                    failures += 1
+                    if item is not None:
+                        with self.lock:
+                            self.queue.appendleft(item)
+                    if failures >= 2:  # twice in a row: the sanitizer cannot run here
+                        self._unavailable(str(e))
+                    else:
+                        self.worker.start()
+                    continue
+                if report is None:
+                    break  # past the deadline: the rest is not run
+                failures = 0
+                self.ids[self.worker.last_id] = (item[0], item[1])
+                self._deliver(item[0], Result(item[1], report))
+                for cid, err in self.worker.take_late():
+                    owner = self.ids.get(cid)
+                    if owner is not None:
+                        self._deliver(owner[0], Result(owner[1], SanitizerReport(
+                            self.tool, "errors", [err],
+                            note="the tool reported it after the case had ended")))
+                if self.worker._p is None:
+                    self.worker.start()  # ready by the next sample, if it can
+        finally:
+            self.worker.kill()
+            self.listener.close()
+
+    def _timeout(self) -> float:
+        if self.deadline is None:
+            return 600.0
+        return max(0.1, min(600.0, self.deadline - time.monotonic()))
+
+    def _unavailable(self, detail: str) -> None:
+        msg = Unavailable(f"the sanitizer cannot start: {detail}", self.worker.ran > 0)
+        with self.lock:
+            self.unavailable = msg
+            for name, conn in list(self.clients.items()):
+                self._send(name, conn, msg)
+
+    def _send(self, name: str, conn: Connection, msg: Any) -> None:
+        try:
+            send(conn, msg)
+        except OSError:
+            self.pending.setdefault(name, []).append(msg)
+
+    def _deliver(self, name: str, result: Result) -> None:
+        with self.lock:
+            self.keys[(name, result.key)] = result
+            conn = self.clients.get(name)
+            if conn is None:
+                self.pending.setdefault(name, []).append(result)
+            else:
+                self._send(name, conn, result)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn = self.listener.accept()
+            except (OSError, EOFError):
+                if self.listener._listener is None:  # closed  # type: ignore[attr-defined]
+                    return
+                continue
+            except Exception:  # a client that failed its handshake
+                continue
+            threading.Thread(target=self._client, args=(conn,), name="kda-fuzz-dispatch",
+                             daemon=True).start()
+
+    def _client(self, conn: Connection) -> None:
+        name = ""
+        try:
+            while True:
+                msg = recv(conn)
+                if isinstance(msg, Hello):
+                    with self.lock:
+                        name = msg.client
+                        self.clients[name] = conn
+                        for m in self.pending.pop(name, []):
+                            self._send(name, conn, m)
+                        if self.unavailable is not None:
+                            self._send(name, conn, self.unavailable)
+                elif isinstance(msg, Submit):
+                    with self.lock:
+                        k = (name, msg.key)
+                        if k not in self.keys:
+                            self.keys[k] = None
+                            self.queue.append((name, msg.key, msg.target, msg.case))
+                            self.lock.notify_all()
+                        elif self.keys[k] is not None:
+                            self._send(name, conn, self.keys[k])
+                elif isinstance(msg, Bye):
+                    break
+        except (EOFError, OSError, pickle.UnpicklingError):
+            pass
+        finally:
+            with self.lock:
+                if self.clients.get(name) is conn:
+                    del self.clients[name]
+                self.quiet_since = time.monotonic()
+            conn.close()
+
+
+def dispatch(address: str, exe: str, tool: str, device: str, targets: Sequence[str], *,
+             deadline: float | None, anchor: int, lock: str = "") -> int:
+    """Serve a sanitized worker to the campaign jobs that connect to ``address`` (the
+    messages above; the authkey in ``$KDA_FUZZ_SANITIZE_KEY``) until ``deadline``
+    (``time.monotonic()``), until process ``anchor`` is gone, or until no job has been
+    connected for ``IDLE_SECONDS``; removes ``address`` and ``lock`` when it ends."""
+    d = _Dispatcher(address, exe, tool, device, targets, deadline, anchor)
+    try:
+        d.serve()
+    finally:
+        for path in (address, lock):
+            try:
+                if path and (path == address or Path(path).read_text().strip()
+                             == str(os.getpid())):
+                    os.unlink(path)
+            except OSError:
+                pass
+        log = Path(lock).with_suffix(".log") if lock else None
+        try:
+            if log is not None and log.stat().st_size == 0:  # nothing said: not kept
+                log.unlink()
+        except OSError:
+            pass
+    return 0
+
+
 # ------------------------------------------------------------------ the worker
 
 
-def _main(batch: str, result: str) -> int:
-    from kda_fuzz.engine.oracle import call_args
+def _serve(address: str, device: str, targets: Sequence[str]) -> int:
+    """The sanitized process: run the cases it is sent (see the module's docstring)."""
+    t0 = time.monotonic()
+    conn = Client(address, family="AF_UNIX", authkey=bytes.fromhex(os.environ.pop(ENV_KEY)))
+    from kda_fuzz.engine.oracle import call_args, device_error
     from kda_fuzz.engine.targets import load_target
     from kda_fuzz.families import get_contract
 
-    spec = torch.load(batch, weights_only=False)
-    device = spec["device"]
-    fn = load_target(spec["target"]).fn
-    records, alive = [], []
-    for case in spec["cases"]:
+    fns = {t: load_target(t).fn for t in targets}
+    if device.startswith("cuda"):  # the context is made under the tool: part of start-up
+        torch.cuda.set_device(device)
+        torch.zeros(1, device=device)
+        torch.cuda.synchronize()
+    send(conn, Ready(os.getpid(), time.monotonic() - t0))
+    alive: collections.deque[dict[str, TensorArg]] = collections.deque(maxlen=KEEP)
+    while True:
+        try:
+            msg = recv(conn)
+        except (EOFError, OSError):
+            return 0
+        if not isinstance(msg, RunCase):
+            return 0
+        case: Case = pickle.loads(msg.case)
         tensors = {n: tight(t).on(device) for n, t in case.tensors.items()}
         kwargs: dict[str, Any] = {n: t.view() for n, t in tensors.items()}
         kwargs.update(case.scalars)
-        rec: dict[str, Any] = {"tensors": {n: [t.base.data_ptr(), t.base.numel()
-                                               * t.base.element_size()]
-                                           for n, t in tensors.items()}}
-        records.append(rec)
-        _write(result, records)  # before the call: a process the call ends has said where
+        send(conn, Started(msg.id, {n: (t.base.data_ptr(),
+                                        t.base.numel() * t.base.element_size())
+                                    for n, t in tensors.items()}))
+        print(f"{MARK} BEGIN {msg.id}", flush=True)
+        t = time.monotonic()
+        raised = lost = ""
         try:
+            fn = fns.get(msg.target) or fns.setdefault(msg.target, load_target(msg.target).fn)
             fn(*call_args(get_contract(case.contract), kwargs))
             if device.startswith("cuda"):
                 torch.cuda.synchronize()
         except Exception as e:  # the outcome was judged by the campaign: only noted here
-            rec["raised"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        rec["done"] = True
-        _write(result, records)
-        alive.append(tensors)  # every case's buffers stay allocated: addresses stay distinct
-    return 0
+            raised = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            if device_error(e):
+                lost = raised
+        print(f"{MARK} END {msg.id}", flush=True)
+        alive.append(tensors)  # kept allocated: the addresses of recent cases stay distinct
+        send(conn, CaseDone(msg.id, time.monotonic() - t, raised, lost))
+        if lost:
+            return 0
 
 
-def _write(path: str, records: list[dict[str, Any]]) -> None:
-    tmp = f"{path}.tmp"
-    Path(tmp).write_text(json.dumps(records))
-    os.replace(tmp, path)
+def _main(argv: list[str]) -> int:
+    if argv[0] == "serve":
+        return _serve(argv[1], argv[2], argv[3:])
+    if argv[0] == "dispatch":
+        spec = json.loads(argv[1])
+        return dispatch(spec["address"], spec["exe"], spec["tool"], spec["device"],
+                        spec["targets"], deadline=spec["deadline"], anchor=spec["anchor"],
+                        lock=spec.get("lock", ""))
+    raise SystemExit(f"usage: python -m kda_fuzz.workers.sanitize serve|dispatch ...: {argv}")
 
 
 if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1], sys.argv[2]))
+    # through the module's own name: the messages must unpickle as its classes
+    from kda_fuzz.workers import sanitize as _module
+
+    sys.exit(_module._main(sys.argv[1:]))
 
 
-__all__ = ["BATCH", "MAX_CASE_BYTES", "TOOLS", "SanitizerError", "SanitizerMissing",
-           "SanitizerReport", "find_sanitizer", "kill_all", "parse_report", "run", "sanitize",
+__all__ = ["KEEP", "MAX_CASE_BYTES", "TOOLS", "Bye", "CaseDone", "Hello", "Quit", "Ready",
+           "Result", "RunCase", "SanitizedWorker", "SanitizerError", "SanitizerMissing",
+           "SanitizerReport", "StartFailed", "Started", "Submit", "Unavailable", "dispatch",
+           "find_sanitizer", "kill_all", "parse_report", "recv", "run", "sanitize", "send",
            "tight"]
