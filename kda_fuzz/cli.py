@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from kda_fuzz.names import DEFAULT_FAMILY, FAMILIES, VARIANTS
+from kda_fuzz.names import DEFAULT_FAMILY, FAMILIES, SOLE_VARIANT, VARIANTS, label
 
 # Nothing heavy (torch, the contracts, the kernels) is imported above this line or before
 # the arguments are parsed and checked: a usage error or --help answers at once.
@@ -112,7 +112,9 @@ def _targets_group(p: argparse.ArgumentParser, replay: bool) -> argparse._Argume
     g.add_argument("--contract", default=None, metavar="VARIANT",
                    help="contract variant, {" + ",".join(VARIANTS) + "} (kda: helion = "
                         "checks 1-22, triton = no check 14; gdn: triton = the documented "
-                        "checks, helion = plus power-of-two K and V); default: "
+                        "checks, helion = plus power-of-two K and V), or one a project's "
+                        "family declares (one that declares none takes no --contract); "
+                        "default: "
                         + ("each file's own variant" if replay else
                            "the one the project configures targets for (several: say "
                            "which), else the family's first (kda: helion, gdn: triton)"))
@@ -154,15 +156,57 @@ def _family_knobs(given: Sequence[Any] | None = None) -> list[Any]:
     return list(out.values())
 
 
-def _add_knobs(group: argparse._ArgumentGroup, knobs: Sequence[Any], name: str) -> None:
+def _option_owners() -> dict[str, tuple[str, ...]]:
+    """Flag -> the families that take it (the built-in ones', and those of the project's
+    ``family_options`` table); imports no contract."""
+    from kda_fuzz.families import option_owners
+
+    try:
+        named = _config().options_of
+    except UsageError:  # a bad configuration: said by the command that reads it
+        named = {}
+    try:
+        return option_owners(named)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def _whose(owners: Sequence[str]) -> str:
+    return f"family {owners[0]}" if len(owners) == 1 else f"families {', '.join(owners)}"
+
+
+def _add_knobs(group: argparse._ArgumentGroup, knobs: Sequence[Any], name: str,
+               owners: dict[str, tuple[str, ...]]) -> None:
+    """The options of ``knobs`` in the group ``name``, each saying the families that take
+    it; a value not given is left out of the namespace (so that one given to a family
+    that does not take it can be told: :func:`_check_family_options`)."""
     for k in knobs:
         if k.group != name:
             continue
+        whose = owners.get(k.flag)
+        text = f"{k.help} [{_whose(whose)} only]" if whose else f"{k.help} [a project family's]"
         if k.type is None:  # a switch
-            group.add_argument(k.flag, dest=k.dest, action="store_true", help=k.help)
+            group.add_argument(k.flag, dest=k.dest, action="store_true",
+                               default=argparse.SUPPRESS, help=text)
         else:
-            group.add_argument(k.flag, dest=k.dest, type=k.type, default=k.default,
-                               metavar=k.metavar, help=k.help)
+            group.add_argument(k.flag, dest=k.dest, type=k.type, default=argparse.SUPPRESS,
+                               metavar=k.metavar, help=text)
+
+
+def _check_family_options(args: argparse.Namespace) -> None:
+    """A usage error for a family option given that the chosen family does not take."""
+    from kda_fuzz.families import knobs_of
+
+    try:
+        mine = {k.flag for k in knobs_of(args.family).options}
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    given = [k.flag for k in _family_knobs() if k.flag not in mine and hasattr(args, k.dest)]
+    if given:
+        whose = _option_owners().get(given[0])
+        raise UsageError(f"family {args.family!r} takes no option {given[0]} (its own: "
+                         f"{', '.join(sorted(mine)) or 'none'})"
+                         + (f"; {given[0]} is of {_whose(whose)}" if whose else ""))
 
 
 def _fuzz_parser(sub: Any, knobs: Sequence[Any] | None = None) -> None:
@@ -236,8 +280,9 @@ def _fuzz_parser(sub: Any, knobs: Sequence[Any] | None = None) -> None:
                         "indices=int64, l2norm=False); repeatable; also from a target's "
                         "kda_fuzz_unsupported attribute and [tool.kda-fuzz.unsupported]")
     knobs = _family_knobs(knobs)
+    owners = _option_owners()
     groups = {"sizes": f.add_argument_group("sizes")}  # the families' own options
-    _add_knobs(groups["sizes"], knobs, "sizes")
+    _add_knobs(groups["sizes"], knobs, "sizes", owners)
     g = groups["GPU"] = f.add_argument_group("GPU")
     _device(g)
     g.add_argument("--compile-groups", dest="families", type=int, default=None, metavar="N",
@@ -246,7 +291,7 @@ def _fuzz_parser(sub: Any, knobs: Sequence[Any] | None = None) -> None:
                         "cuda, 0 = every example drawn freely on cpu)")
     g.add_argument("--families", dest="families", type=int, action=_Deprecated,
                    new="--compile-groups", help=argparse.SUPPRESS)
-    _add_knobs(g, knobs, "GPU")
+    _add_knobs(g, knobs, "GPU", owners)
     g.add_argument("--helion-configs", type=int, default=0, metavar="N",
                    help="also run each valid case that passes under N other valid configs of "
                         "each Helion kernel its target launches (drawn from the kernel's "
@@ -284,7 +329,7 @@ def _fuzz_parser(sub: Any, knobs: Sequence[Any] | None = None) -> None:
     for k in knobs:  # a group of a project's family's own
         if k.group not in groups:
             groups[k.group] = f.add_argument_group(k.group)
-            _add_knobs(groups[k.group], knobs, k.group)
+            _add_knobs(groups[k.group], knobs, k.group, owners)
     o = _output_group(f)
     o.add_argument("--corpus", default=None, metavar="DIR",
                    help="save each minimized failing case into DIR as soon as it is "
@@ -507,6 +552,10 @@ def _check_variant(family: str, variant: str | None) -> None:
     if family not in families:
         raise UsageError(f"unknown contract family {family!r} (known: "
                          f"{', '.join(families)})")
+    if variant is not None and tuple(families[family]) == (SOLE_VARIANT,) \
+            and variant != SOLE_VARIANT:
+        raise UsageError(f"family {family!r} declares no variants: leave out --contract "
+                         f"{variant}")
     if variant is not None and variant not in families[family]:
         raise UsageError(f"contract {family!r} has no variant {variant!r} (choose from "
                          f"{', '.join(families[family])})")
@@ -529,6 +578,8 @@ def _choose(args: argparse.Namespace) -> Any:
     except (ConfigError, ValueError) as e:
         raise UsageError(str(e)) from None
     args.family, args.contract, args.chosen = chosen.family, chosen.variant, chosen
+    if getattr(args, "command", None) == "fuzz":
+        _check_family_options(args)
     return chosen
 
 
@@ -539,7 +590,8 @@ def _start_line(args: argparse.Namespace, jobs: int) -> str:
     c = args.chosen
     auto = (" (auto: 8 per GPU)" if args.device.startswith("cuda") else " (auto: one per "
             "core)") if args.jobs == "auto" else ""
-    line = (f"kda-fuzz: fuzzing {c.family}/{c.variant} ({c.why}) on {args.device}: "
+    why = "" if c.variant == SOLE_VARIANT else f" ({c.why})"  # (no variant to choose)
+    line = (f"kda-fuzz: fuzzing {label(c.family, c.variant)}{why} on {args.device}: "
             f"{', '.join(c.targets.specs)} ({SOURCES[c.targets.source]}); "
             f"{jobs} job(s){auto}")
     if "helion" in sys.modules:  # a target imported it

@@ -11,9 +11,10 @@
     family = "mine"                     # optional: the family plain `kda-fuzz fuzz` fuzzes
                                         # (default: the one family targets are configured
                                         # for; see choose_campaign)
-    family_options = ["mypkg.knobs:KNOBS"]  # optional: their own `kda-fuzz fuzz` options
-                                        # (a kda_fuzz.engine.knobs.Knobs in a module
-                                        # that imports nothing heavy)
+    family_options = {mine = "mypkg.knobs:KNOBS"}  # optional: their own `kda-fuzz fuzz`
+                                        # options (a kda_fuzz.engine.knobs.Knobs in a
+                                        # module that imports nothing heavy), by family
+                                        # (a list of them: --help cannot say whose)
 
     [tool.kda-fuzz.layouts]             # optional: named pins for `kda-fuzz fuzz --layout NAME`
     served = {H = 16, HV = 32, K = 128, V = 128, state = "bfloat16"}
@@ -24,6 +25,9 @@
     [tool.kda-fuzz.targets.kda]         # per contract family, per variant
     helion = ["mypkg.decode:my_kernel"]
     triton = ["mypkg.decode:my_triton_kernel"]
+
+    [tool.kda-fuzz.targets]             # a family that declares no variants: a list
+    softmax = ["mypkg.softmax:kernel"]
 
 The table is found by walking up from a folder to the first ``pyproject.toml`` (that
 file is the project's, table or not). Its presence opts the project in to the pytest
@@ -44,6 +48,7 @@ from typing import Any
 
 from kda_fuzz.engine.targets import SOURCES, TargetChoice, recorded_targets
 from kda_fuzz.names import FAMILIES as BUILTIN_FAMILIES
+from kda_fuzz.names import SOLE_VARIANT
 
 TABLE = "kda-fuzz"
 DEFAULT_CORPUS = ("corpus",)
@@ -91,6 +96,7 @@ class Config:
     families: tuple[str, ...] = ()  # MODULE:ATTRIBUTE of the project's own Contracts
     family: str | None = None  # the family a campaign fuzzes when none is named
     family_options: tuple[str, ...] = ()  # MODULE:ATTRIBUTE of their Knobs (light modules)
+    options_of: Mapping[str, str] = field(default_factory=dict)  # family -> its Knobs' spec
     layouts: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # named pins
     unsupported: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # per target
 
@@ -140,7 +146,13 @@ def parse(table: Mapping[str, Any], root: Path, path: Path | None = None) -> Con
     default_family = table.get("family")
     if default_family is not None and not (isinstance(default_family, str) and default_family):
         raise ConfigError(f"{where} family must be a family's name, got {default_family!r}")
-    family_options = _strings(table.get("family_options", []), f"{where} family_options")
+    raw_options = table.get("family_options", [])
+    options_of: dict[str, str] = {}
+    if isinstance(raw_options, dict):  # family -> its Knobs: --help says whose a flag is
+        options_of = {k: _strings([v], f"{where} family_options.{k}")[0]
+                      for k, v in raw_options.items()}
+        raw_options = list(options_of.values())
+    family_options = _strings(raw_options, f"{where} family_options")
     for key, specs in (("families", families), ("family_options", family_options)):
         bad = [s for s in specs if s.count(":") != 1 or s.startswith(":") or s.endswith(":")]
         if bad:
@@ -161,9 +173,12 @@ def parse(table: Mapping[str, Any], root: Path, path: Path | None = None) -> Con
         raise ConfigError(f"{where} targets must be a table of families, got {raw!r}")
     targets: dict[str, dict[str, tuple[str, ...]]] = {}
     for family, variants in raw.items():
+        if isinstance(variants, list) and family not in BUILTIN_FAMILIES:
+            variants = {SOLE_VARIANT: variants}  # a family that declares no variants
         if not isinstance(variants, dict):
             raise ConfigError(f"{where} targets.{family} must be a table of variants "
-                              f'(e.g. triton = ["mypkg.decode:kernel"]), got {variants!r}')
+                              f'(e.g. triton = ["mypkg.decode:kernel"]), or a list of '
+                              f"targets for a family without variants, got {variants!r}")
         targets[family] = {}
         for variant, specs in variants.items():
             specs = _strings(specs, f"{where} targets.{family}.{variant}")
@@ -176,6 +191,7 @@ def parse(table: Mapping[str, Any], root: Path, path: Path | None = None) -> Con
     return Config(root=root, path=path, present=True, corpus=corpus, targets=targets,
                   hypothesis_profile=profile, example_db=example_db, families=families,
                   family=default_family, family_options=family_options,
+                  options_of=options_of,
                   layouts=layouts, unsupported=unsupported)
 
 
@@ -260,6 +276,11 @@ def choose_campaign(config: Config, family: str | None, variant: str | None,
     family's first."""
     configured = {f: v for f, v in config.targets.items() if v and f in variants}
     where = config.path or "pyproject.toml"
+    for f, v in configured.items():
+        if SOLE_VARIANT in v and SOLE_VARIANT not in variants[f]:
+            raise ConfigError(f"{where}: [tool.{TABLE}.targets] {f} is a list, but family "
+                              f"{f!r} declares variants ({', '.join(variants[f])}): give "
+                              f"[tool.{TABLE}.targets.{f}] a table of them")
     default = next(iter(variants))
     if family is None and config.family is not None:
         if config.family not in variants:
@@ -301,6 +322,8 @@ def choose_campaign(config: Config, family: str | None, variant: str | None,
 def config_snippet(family: str, variant: str, specs: Sequence[str]) -> str:
     """The ``pyproject.toml`` lines that make ``specs`` a variant's replay targets."""
     listed = ", ".join(f'"{s}"' for s in specs) or '"mypkg.module:kernel"'
+    if variant == SOLE_VARIANT:
+        return f"[tool.{TABLE}.targets]\n{family} = [{listed}]"
     return f"[tool.{TABLE}.targets.{family}]\n{variant} = [{listed}]"
 
 
@@ -311,7 +334,9 @@ def missing_targets_message(family: str, variant: str, origin: Mapping[str, Any]
     recorded = recorded_targets(origin)
     snippet = "\n".join("    " + line for line in
                         config_snippet(family, variant, recorded[:1]).splitlines())
-    return (f"no replay target is configured for the {family}/{variant} variant"
+    what = (f"the {family} family" if variant == SOLE_VARIANT
+            else f"the {family}/{variant} variant")
+    return (f"no replay target is configured for {what}"
             + (f"; the file was recorded against {' vs '.join(recorded)}" if recorded else "")
             + f".\n  Add to {pyproject}:\n\n{snippet}\n\n"
             f"  or pass {option} MODULE:CALLABLE.")

@@ -19,6 +19,7 @@ from kda_fuzz.engine.oracle import expectation, run_case
 from kda_fuzz.engine.targets import Target, check_signature, load_target
 from kda_fuzz.engine.verdict import Verdict
 from kda_fuzz.families import get_contract
+from kda_fuzz.names import label
 from kda_fuzz.report.progress import layout_of
 
 __all__ = ["assert_conforms", "check", "failure_report"]
@@ -55,7 +56,7 @@ def check(target: str | Callable[..., Any], case: Case, *,
 def failure_report(target: str, case: Case, verdict: Verdict, saved: Path | None = None
                    ) -> str:
     """The CLI's report of one failure: what broke, the layout, how to reproduce it."""
-    lines = [f"FAILURE in {target} ({case.contract}/{case.variant})",
+    lines = [f"FAILURE in {target} ({label(case.contract, case.variant)})",
              f"  {verdict.summary()}",
              f"  expected: {_expected(case)}",
              f"  layout: {layout_of(case)}"]

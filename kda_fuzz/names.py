@@ -13,6 +13,9 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "gdn": ("triton", "helion"),
 }
 DEFAULT_FAMILY = "kda"
+# the one variant of a family that declares none (``Contract(variants=())``): files and the
+# engine carry it, the command line and the reports leave it out
+SOLE_VARIANT = "default"
 VARIANTS: tuple[str, ...] = tuple(dict.fromkeys(v for vs in FAMILIES.values() for v in vs))
 
 
@@ -23,3 +26,9 @@ def check_variant(family: str, variant: str) -> None:
     if variant not in FAMILIES[family]:
         raise ValueError(f"contract {family!r} has no variant {variant!r} (choose from "
                          f"{', '.join(FAMILIES[family])})")
+
+
+def label(family: str, variant: str | None) -> str:
+    """``family/variant`` as reports print it; the family alone for the sole variant of
+    a family that declares none (:data:`SOLE_VARIANT`)."""
+    return family if not variant or variant == SOLE_VARIANT else f"{family}/{variant}"

@@ -74,6 +74,7 @@ from kda_fuzz.config import (
     missing_targets_message,
     origin_mismatch,
 )
+from kda_fuzz.names import SOLE_VARIANT, label
 
 PROFILES = {
     "ci": {"max_examples": 25},
@@ -96,6 +97,11 @@ class State:
     config: Config
     reason: str = ""
     corpus: list[Path] = field(default_factory=list)
+
+
+def _variant(case: Any) -> str:
+    """``"triton variant, "``; nothing for a family that declares no variants."""
+    return "" if case.variant == SOLE_VARIANT else f"{case.variant} variant, "
 
 
 _STATE = pytest.StashKey[State]()
@@ -430,14 +436,14 @@ class CorpusItem(pytest.Item):
             pytest.skip(f"{self.path.name}: {rec.reason}")
         if rec.status == "STALE":
             self.user_properties.append(("kda_corpus_stale", rec.reason))
-            raise StaleCorpusEntry(f"STALE corpus file {self.path} ({case.variant} variant, "
+            raise StaleCorpusEntry(f"STALE corpus file {self.path} ({_variant(case)}"
                                    f"{meta['kind']}): {rec.reason}")
-        head = (f"corpus file {self.path} ({case.variant} variant, {meta['kind']}): "
+        head = (f"corpus file {self.path} ({_variant(case)}{meta['kind']}): "
                 f"{meta['description']}")
         if rec.status == "ERROR" and rec.choice is not None and not rec.choice.specs:
             where = st.config.path or self.config.rootpath / "pyproject.toml"
             raise CorpusReplayFailure(
-                f"no replay target for {case.contract}/{case.variant}\n{head}\n  "
+                f"no replay target for {label(case.contract, case.variant)}\n{head}\n  "
                 + missing_targets_message(case.contract, case.variant, meta["origin"], where,
                                           "--kda-corpus-target"))
         if rec.status == "ERROR":

@@ -26,6 +26,7 @@ from kda_fuzz.corpus.store import DTYPE_NAMES, CorpusError, _le_bytes, replay_co
 from kda_fuzz.engine.case import Judging
 from kda_fuzz.engine.oracle import expectation
 from kda_fuzz.families import BUILTIN, get_contract
+from kda_fuzz.names import label
 from kda_fuzz.report.progress import layout_of
 
 
@@ -67,7 +68,7 @@ def describe(entry: Entry, target: str | None = None, config: Config | None = No
     case, meta, verdict = entry.case, entry.meta, entry.verdict
     contract = get_contract(case.contract)
     lines = [f"{entry.name}",
-             f"  contract:    {case.contract}/{case.variant} ({meta['kind']})",
+             f"  contract:    {label(case.contract, case.variant)} ({meta['kind']})",
              f"  guards:      {meta['description']}",
              f"  layout:      {layout_of(case)}",
              f"  intent:      {', '.join(case.intent) or '-'}"

@@ -38,6 +38,7 @@ from kda_fuzz.engine.oracle import EnvironmentFailure, Outcome
 from kda_fuzz.engine.targets import Target, TargetChoice, TargetError, load_target, recorded_targets
 from kda_fuzz.engine.verdict import Verdict
 from kda_fuzz.families import get_contract
+from kda_fuzz.names import SOLE_VARIANT, label
 
 Status = Literal["PASS", "FAIL", "STALE", "ERROR", "READY", "SKIP"]
 #: how an entry's case is run: (contract, case, kind, targets) -> (target name, outcome)
@@ -281,7 +282,8 @@ def replay(entry: Entry | str | os.PathLike[str],
         rec.reason = f"cannot load the targets: {e}"
         return rec
     if not chosen:
-        rec.reason = f"no replay target for the {case.contract}/{use} variant"
+        rec.reason = "no replay target for the " + (
+            f"{case.contract} family" if use == SOLE_VARIANT else f"{case.contract}/{use} variant")
         return rec
     recorded = recorded_targets(entry.meta.get("origin"))
     if recorded and not any(t.name in recorded for t in chosen):
@@ -347,12 +349,12 @@ def replay_paths(paths: Sequence[str], targets: Sequence[Target] | Chooser | Non
             names = ", ".join(r.target for r in rec.results)
             extra = "; ".join(f"{r.target}: {r.outcome.status}" for r in rec.results
                               if r.outcome.status != "pass")
-            print(f"PASS  {path}  [{rec.family}/{rec.variant}; {names}]"
+            print(f"PASS  {path}  [{label(rec.family, rec.variant)}; {names}]"
                   + (f" ({extra})" if extra else "")
                   + (f"\n      note: {rec.note}" if rec.note else ""))
         elif rec.status == "FAIL":
             line = rec.failure_line(width)
-            print(f"FAIL  {path}  [{rec.family}/{rec.variant}] {line}"
+            print(f"FAIL  {path}  [{label(rec.family, rec.variant)}] {line}"
                   + (f"\n      note: {rec.note}" if rec.note else ""))
         else:
             print(f"{rec.status:<5} {path}  {rec.reason}")

@@ -110,6 +110,7 @@ from kda_fuzz.engine.recipe import (
 from kda_fuzz.engine.verdict import Verdict
 from kda_fuzz.execution import RUNTIMES
 from kda_fuzz.families import BUILTIN, get_contract
+from kda_fuzz.names import SOLE_VARIANT
 from kda_fuzz.workers.isolate import IsolatedTarget
 
 SCHEMA = 2
@@ -1337,7 +1338,7 @@ def replay_command_line(target: str, path: str | os.PathLike[str], *, variant: s
     words = ["kda-fuzz replay --target", shlex.quote(target)]
     if family and family != BUILTIN[0]:  # the first built-in family: the default
         words += ["--family", shlex.quote(family)]
-    if variant:
+    if variant and variant != SOLE_VARIANT:  # (replay takes the file's own variant)
         words += ["--contract", variant]
     if device != "cpu":
         words += ["--device", device]

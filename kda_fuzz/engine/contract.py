@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
+import re
+import string
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from kda_fuzz.engine.knobs import NO_KNOBS, Knobs
+from kda_fuzz.engine.verdict import RAISED, raised_by
+from kda_fuzz.names import SOLE_VARIANT
 
 if TYPE_CHECKING:  # annotations only: hypothesis and the case/verdict types
     from hypothesis.strategies import SearchStrategy
@@ -223,6 +228,52 @@ class ScaleStratum:
 
 ScalarKind = str  # "float" (finite), "float?" (null or finite), "bool"
 
+# ready-made value patterns for MessageValues.patterns
+DTYPE_NAMES = (r"\b(?:torch\.)?(?:bfloat16|float(?:8_\w+|16|32|64)|u?int(?:8|16|32|64)|bool"
+               r"|complex(?:32|64|128)|half|double)\b"
+               r"|\b(?:BFloat16|Half|Float|Double|Long|Int|Short|Byte|Char|Bool)\b")
+SIGNED_NUMBERS = (r"(?<![\w.])[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?(?![\w.])"
+                  r"|(?<!\w)[-+]?(?:inf|nan)\b")
+
+
+@dataclass(frozen=True)
+class MessageValues:
+    """What in a family's messages is a value: a failure that raised (the wrong message,
+    a check out of order, the wrong type, on a valid layout) is known by its message with
+    these masked, then its digits (:meth:`Verdict.signature`), so that one bug shown on
+    other dtypes or signs reads as one.
+
+    ``fields``: a message that reads as one of the contract's check messages is known by
+    that check's format string, each field as ``{name}`` whatever filled it; ``patterns``:
+    regular expressions of values in any message (e.g. :data:`DTYPE_NAMES`,
+    :data:`SIGNED_NUMBERS`), each match read as ``<value>``; ``mask``: a function of the
+    message after those, for anything else the family knows of its messages."""
+
+    fields: bool = True
+    patterns: tuple[str, ...] = ()
+    mask: Callable[[str], str] | None = None
+
+
+@functools.lru_cache(maxsize=64)
+def _templates(checks: tuple[Check, ...]) -> tuple[tuple[re.Pattern[str], str], ...]:
+    """Each worded check message as a regular expression (its fields: any text) and as
+    the pattern a message it matches is known by (its fields as ``{name}``)."""
+    out = []
+    for check in checks:
+        if check.message is None:
+            continue
+        rx, text, literal = [], [], ""
+        for lit, name, _spec, _conv in string.Formatter().parse(check.message):
+            literal += lit
+            rx.append(re.escape(lit))
+            text.append(lit)
+            if name is not None:
+                rx.append("(.*?)")
+                text.append("{" + name + "}")
+        if literal.strip() and len(rx) > 1:  # a message that is all fields matches anything
+            out.append((re.compile("".join(rx), re.S), "".join(text)))
+    return tuple(out)
+
 
 @dataclass(frozen=True)
 class Contract:
@@ -244,13 +295,15 @@ class Contract:
     ``report_notes``, ``report_rows`` and ``report_json`` (the facts it adds to a
     campaign's counts and summary), ``aims`` (the check each breakage of a variant aims
     at, for :func:`kda_fuzz.strategies.broken_layouts`), ``restrict`` (the pins that
-    leave out features a target declares it does not support) and ``upgrade_verdict``
-    (a verdict read from an older file, in today's terms).
+    leave out features a target declares it does not support), ``upgrade_verdict``
+    (a verdict read from an older file, in today's terms) and ``message_values`` (what in
+    its messages is a value, for telling failures apart: :class:`MessageValues`).
+    ``variants`` (keyword only): its variants, the first its default; a family with one
+    implementation declares none.
     """
 
     name: str
     signature: tuple[str, ...]
-    variants: tuple[str, ...]
     checks: tuple[Check, ...]
     derived: Mapping[str, Callable[[Namespace], Any]]
     judge: Judge
@@ -295,10 +348,56 @@ class Contract:
     # a verdict decoded from a corpus file, in today's terms (files written by older
     # versions recorded some facts in other fields of ``extra``)
     upgrade_verdict: Callable[[Verdict], Verdict] | None = None
+    # what in its messages is a value, masked in a raised failure's signature (None: its
+    # digits only)
+    message_values: MessageValues | None = None
+    # its variants, the first the default; none declared: one, SOLE_VARIANT, that the
+    # command line and the reports leave out
+    variants: tuple[str, ...] = field(default=(), kw_only=True)
+
+    def __post_init__(self) -> None:
+        if not self.variants:
+            object.__setattr__(self, "variants", (SOLE_VARIANT,))
+
+    @property
+    def declares_variants(self) -> bool:
+        """Whether the family declares variants of its own (else it has the one
+        :data:`~kda_fuzz.names.SOLE_VARIANT`)."""
+        return self.variants != (SOLE_VARIANT,)
 
     def decoded_verdict(self, verdict: Verdict) -> Verdict:
-        """``verdict`` as read from a file, upgraded by :attr:`upgrade_verdict`."""
-        return verdict if self.upgrade_verdict is None else self.upgrade_verdict(verdict)
+        """``verdict`` as read from a file, upgraded by :attr:`upgrade_verdict`, its
+        message's values masked as :attr:`message_values` says today."""
+        if self.upgrade_verdict is not None:
+            verdict = self.upgrade_verdict(verdict)
+        return self.valued(verdict)
+
+    def message_pattern(self, message: str) -> str | None:
+        """``message`` with the values :attr:`message_values` declares masked (None: the
+        family declares none)."""
+        mv = self.message_values
+        if mv is None:
+            return None
+        text = message
+        if mv.fields:
+            for rx, template in _templates(self.checks):
+                if rx.fullmatch(message):
+                    text = template
+                    break
+        for pattern in mv.patterns:
+            text = re.sub(pattern, "<value>", text)
+        return mv.mask(text) if mv.mask is not None else text
+
+    def valued(self, verdict: Verdict) -> Verdict:
+        """``verdict`` with the pattern of the message it raised (``extra["got_pattern"]``,
+        what its signature compares) where the family declares :attr:`message_values`."""
+        if verdict.what not in RAISED:
+            return verdict
+        extra = {k: v for k, v in verdict.extra.items() if k != "got_pattern"}
+        pattern = self.message_pattern(raised_by(verdict)[1])
+        if pattern is not None:
+            extra["got_pattern"] = pattern
+        return verdict if extra == verdict.extra else replace(verdict, extra=extra)
 
     def checks_for(self, variant: str) -> tuple[Check, ...]:
         self._require_variant(variant)

@@ -114,6 +114,13 @@ def _which_message(contract: Contract, case: Case, text: str) -> int | None:
 def _judge_error(contract: Contract, case: Case, exp: Expectation,
                  error: BaseException | None, mutated: list[str],
                  messages: Messages = "exact") -> Verdict | None:
+    v = _error_verdict(contract, case, exp, error, mutated, messages)
+    return None if v is None else contract.valued(v)  # the family's values masked
+
+
+def _error_verdict(contract: Contract, case: Case, exp: Expectation,
+                   error: BaseException | None, mutated: list[str],
+                   messages: Messages) -> Verdict | None:
     if error is None:
         return Verdict("contract", "accepted-broken-layout",
                        f"returned normally; expected: it {exp.describe()}",
@@ -209,9 +216,9 @@ def run_case(contract: Contract, case: Case, target: Callable[..., Any], *,
         return Outcome("fail" if v else "pass", exp, v)
     if error is not None:
         tb = "".join(traceback.format_exception_only(type(error), error)).strip()
-        return Outcome("fail", exp, Verdict("contract", "rejected-valid-layout",
-                                            f"raised on a layout the contract accepts: {tb}",
-                                            extra={"exception": type(error).__name__}))
+        return Outcome("fail", exp, contract.valued(Verdict(
+            "contract", "rejected-valid-layout", f"raised on a layout the contract accepts: {tb}",
+            extra={"exception": type(error).__name__})))
     used: dict[str, float] | None = {} if budget and contract.judge_budget \
         else None
     facts: dict[str, Any] = {}

@@ -65,7 +65,8 @@ class Verdict:
         the minimizer, the corpus and the reports.
 
         A target that raised (the wrong type, the wrong message, or on a valid layout) is
-        known by the exception type and its message with numbers masked, whichever check
+        known by the exception type and its message with numbers masked (and the values
+        its family declares, ``extra["got_pattern"]``: ``Contract.valued``), whichever check
         the layout was meant to trip; wrong numbers by the set of outputs out of
         tolerance together (``out`` and the state); anything else by its property
         (``what``), and a broken layout accepted by the check that should have fired."""
@@ -85,8 +86,8 @@ class Verdict:
                             self.check, self.message, self.output, extra=self.extra)
             return ("flaky", *inner.behaviour())
         if self.kind == "contract" and self.what in RAISED:
-            exc, got = raised_by(self)
-            return ("contract", "raised", exc, masked(got))
+            exc, got = raised_by(self)  # the family's values masked first, if it says which
+            return ("contract", "raised", exc, masked(self.extra.get("got_pattern", got)))
         if self.kind == "mismatch" and self.what.endswith("-value") \
                 and not self.what.startswith("peers-"):
             return ("mismatch", "wrong-values", tuple(self.outputs()))

@@ -22,7 +22,7 @@ not known yet reads the ``families`` of the project the current directory is in 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
@@ -162,6 +162,28 @@ def family_options(extra: tuple[str, ...] = ()) -> list[Knobs]:
     return out
 
 
+def option_owners(named: Mapping[str, str] | None = None) -> dict[str, tuple[str, ...]]:
+    """Each flag the families declare -> the families that take it (in order): the
+    built-in families' (:data:`OPTIONS`) and those of ``named`` (family ->
+    ``MODULE:ATTRIBUTE`` of its :class:`~kda_fuzz.engine.knobs.Knobs`: a project's
+    ``family_options`` table); imports no contract. Raises ``ValueError`` for options
+    that cannot be loaded."""
+    from kda_fuzz.engine.knobs import Knobs
+
+    owners: dict[str, list[str]] = {}
+    for family, spec in {**OPTIONS, **(named or {})}.items():
+        try:
+            knobs = import_object(spec, "ATTRIBUTE")
+        except TargetError as e:
+            raise ValueError(f"cannot load family options {spec!r}: {e}") from e
+        if not isinstance(knobs, Knobs):
+            raise ValueError(f"family options {spec!r} are a {type(knobs).__name__}, not "
+                             "kda_fuzz Knobs")
+        for k in knobs.options:
+            owners.setdefault(k.flag, []).append(family)
+    return {flag: tuple(names) for flag, names in owners.items()}
+
+
 def knobs_of(name: str) -> Knobs:
     """The options and sizes of the family ``name``: a built-in family's without importing
     its contract, another's from its contract."""
@@ -171,4 +193,4 @@ def knobs_of(name: str) -> Knobs:
 
 
 __all__ = ["CONTRACTS", "ENV_VAR", "contract_of", "family_names", "family_options",
-           "get_contract", "knobs_of", "load_family", "register"]
+           "get_contract", "knobs_of", "load_family", "option_owners", "register"]

@@ -27,6 +27,7 @@ from typing import Any
 
 from kda_fuzz.corpus.atomic import write_atomic
 from kda_fuzz.families import get_contract
+from kda_fuzz.names import label as family_label
 from kda_fuzz.report.progress import (
     check_counts,
     family_rows,
@@ -332,7 +333,7 @@ def render_report(report: Any, history: Sequence[dict[str, Any]] | None = None) 
         ver = version("kda-fuzz")
     except Exception:  # not installed (a source checkout)
         ver = "source"
-    title = f"kda-fuzz {report.contract}/{report.variant}: {', '.join(report.targets)}"
+    title = f"kda-fuzz {family_label(report.contract, report.variant)}: {', '.join(report.targets)}"
     sections = [
         ("summary", "Campaign", _summary(report, history)),
         ("failures", "Failures", _failures(report)),

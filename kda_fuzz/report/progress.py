@@ -15,6 +15,7 @@ from rich.table import Table
 
 from kda_fuzz.corpus.store import SEEN_AGAIN, replay_command_line
 from kda_fuzz.families import get_contract
+from kda_fuzz.names import label as family_label
 
 STATUS_INTERVAL = 5.0  # seconds between plain status lines off a terminal
 
@@ -155,7 +156,7 @@ def print_summary(report: Any, file: Any = None) -> None:
     """Human-readable summary of a campaign: counts, every check with its count (never-hit
     ones flagged), gaps and failures (with the layout's sizes, dtypes and strides)."""
     console = Console(file=file or sys.stdout, highlight=False, soft_wrap=True)
-    t = Table(title=f"kda-fuzz {report.contract}/{report.variant}", show_header=False)
+    t = Table(title=f"kda-fuzz {family_label(report.contract, report.variant)}", show_header=False)
     t.add_column(no_wrap=True)
     t.add_column(overflow="fold")  # long target names wrap whole, never cut
     t.add_row("targets", ", ".join(report.targets))
