@@ -1,0 +1,1 @@
+"""A row softmax family for kda-fuzz, worked from scratch (docs/extending.md)."""
