@@ -19,15 +19,6 @@ SOLE_VARIANT = "default"
 VARIANTS: tuple[str, ...] = tuple(dict.fromkeys(v for vs in FAMILIES.values() for v in vs))
 
 
-def check_variant(family: str, variant: str) -> None:
-    """Raise ``ValueError`` unless ``family`` is known and has ``variant``."""
-    if family not in FAMILIES:
-        raise ValueError(f"unknown contract family {family!r} (known: {', '.join(FAMILIES)})")
-    if variant not in FAMILIES[family]:
-        raise ValueError(f"contract {family!r} has no variant {variant!r} (choose from "
-                         f"{', '.join(FAMILIES[family])})")
-
-
 def label(family: str, variant: str | None) -> str:
     """``family/variant`` as reports print it; the family alone for the sole variant of
     a family that declares none (:data:`SOLE_VARIANT`)."""
