@@ -8,6 +8,7 @@ import os
 import random
 import re
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,7 +38,6 @@ def _process_started() -> float:
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 DEFAULT_CORPUS = os.path.join("corpus", "found")  # collected by the pytest plugin
-WRAP_UP_SECONDS = 3.0  # at most: the campaign stops drawing this long before --max-seconds
 
 DESCRIPTION = """\
 Differential fuzzing and regression tests for packed KDA/GDN decode kernels.
@@ -632,9 +632,10 @@ def _contract(args: argparse.Namespace) -> Any:
 def _fuzz(args: argparse.Namespace, signals: Any = None) -> int:
     """``kda-fuzz fuzz``; SIGINT and SIGTERM handled by ``signals`` (an entered
     :class:`~kda_fuzz.campaign.interrupt.Signals`; ``None``: its own, for the whole command)."""
+    from kda_fuzz.campaign.deadline import Deadline
     from kda_fuzz.campaign.findings import FindingSaver
     from kda_fuzz.campaign.interrupt import Signals
-    from kda_fuzz.campaign.runner import CampaignOptions, campaign, share_of
+    from kda_fuzz.campaign.runner import CampaignOptions, share_of
     from kda_fuzz.corpus.store import replay_command_line
     from kda_fuzz.report.progress import Progress
 
@@ -683,9 +684,12 @@ def _fuzz(args: argparse.Namespace, signals: Any = None) -> int:
     if options["seed"] is None:  # chosen here: the saved files name it
         options["seed"] = random.randrange(2**31)
     started = getattr(args, "started", None) or time.monotonic()
-    deadline = None if args.max_seconds is None else started + args.max_seconds
-    if deadline is not None:  # the jobs stop drawing first, then are stopped, then saving
-        options["deadline"] = deadline - min(WRAP_UP_SECONDS, 0.05 * args.max_seconds)
+    # the one clock of every phase below: the jobs stop drawing first, then are stopped,
+    # then the findings are settled, then the command ends
+    clock = None if args.max_seconds is None else Deadline(started, args.max_seconds)
+    deadline = None if clock is None else clock.end
+    if clock is not None:
+        options["deadline"] = clock.draw
     early = None
     specs, peer_specs = _target_specs(args, contract)
     if args.device.startswith("cuda") and not (jobs == 1 and args.no_isolate) \
@@ -699,7 +703,7 @@ def _fuzz(args: argparse.Namespace, signals: Any = None) -> int:
         db = _example_db(args, contract, [*targets, *peers])
         report_notes = [*_pin_notes(options, [*targets, *peers], contract, args.contract),
                         *seed_notes,
-                        *_calibrated(args, contract, targets, peers, options)]
+                        *_calibrated(args, contract, targets, peers, options, clock)]
         share = None
         if shard is not None:
             share = share_of(contract, args.contract, CampaignOptions.of(**options), jobs)
@@ -710,7 +714,8 @@ def _fuzz(args: argparse.Namespace, signals: Any = None) -> int:
             replay = replay_stored(db[0], db[1], db[2], contract, args.contract,
                                    [*targets, *peers], device=args.device,
                                    isolate=not args.no_isolate, timeout=args.timeout,
-                                   messages=args.messages, strict=args.strict)
+                                   messages=args.messages, strict=args.strict,
+                                   deadline=None if clock is None else clock.replay)
     except BaseException:  # a usage error, an interrupt: the jobs started go too
         if early is not None:
             early.abort()
@@ -725,29 +730,27 @@ def _fuzz(args: argparse.Namespace, signals: Any = None) -> int:
             saver = FindingSaver(
                 contract, corpus, seed=options["seed"], device=args.device, timeout=args.timeout,
                 shrink_seconds=args.shrink_seconds, messages=args.messages, strict=args.strict,
-                workers=min(jobs, 4), deadline=deadline, sanitize=args.sanitize,
+                workers=min(jobs, 4), deadline=clock, sanitize=args.sanitize,
                 skip=frozenset(f.signature for f in replay.failures) if replay else frozenset(),
                 on_found=progress.found, on_saved=progress.saved,
                 reproduce=lambda f: replay_command_line(f.target, f.saved, variant=args.contract,
                                                         device=args.device, timeout=args.timeout,
                                                         family=contract.name))
             if jobs == 1 and args.no_isolate:
-                by_name = {t.name: t for t in [*targets, *peers]}
                 with signals.stopping(saver.request):
                     if signals.stop is not None:  # one came in since the campaign phase began
                         saver.request(signals.stop)
-                    report = campaign(
-                        contract, args.contract, targets, on_example=progress.update, peers=peers,
-                        stop=lambda: signals.received is not None,
-                        on_failure=lambda f, new: saver.found_inline(f, by_name.get(f.target))
-                        if new else None, **options)
+                    report = _in_process(args, contract, targets, peers, options, signals, saver,
+                                         progress, clock, lambda r: _wrap_up(
+                                             args, contract, r, _merge_replayed(r, replay),
+                                             report_notes, corpus, saver, share, shard, db,
+                                             replay, signals))
                     new = _merge_replayed(report, replay)
             else:
                 sup = early or _supervisor(args, ([t.name for t in targets],
                                                   [p.name for p in peers]), jobs, options)
                 sup.on_example, sup.on_found = progress.update, saver.found
-                sup.hard_deadline = None if deadline is None else deadline - min(
-                    1.0, 0.02 * args.max_seconds)
+                sup.hard_deadline = None if clock is None else clock.kill
 
                 def on_signal(stop: Any) -> None:
                     sup.interrupt(stop)
@@ -769,10 +772,68 @@ def _fuzz(args: argparse.Namespace, signals: Any = None) -> int:
                         shard, db, replay, signals)
 
 
+def _in_process(args: argparse.Namespace, contract: Any, targets: list[Any], peers: list[Any],
+                options: dict[str, Any], signals: Any, saver: Any, progress: Any, clock: Any,
+                wrap_up: Any) -> Any:
+    """The campaign of ``--jobs 1 --no-isolate``: its targets called in this process, each
+    new failure minimized and saved right there; its report. A call no one can stop (a
+    hang, or a call slower than the time left) does not outlive ``clock``: at its
+    ``draw`` instant the campaign is asked to stop, and if it has not returned by its
+    ``kill`` instant, a watchdog thread wraps the command up with what was found so far (every
+    failure saved, as found where it was not minimized: ``wrap_up(report)``, the exit
+    code) and ends the process; the call is left where it is."""
+    from kda_fuzz.campaign.channel import ExitReason, Stop
+    from kda_fuzz.campaign.deadline import Watchdog
+    from kda_fuzz.campaign.runner import Campaign, CampaignOptions
+
+    by_name = {t.name: t for t in [*targets, *peers]}
+    watch: Watchdog | None = None
+    c = Campaign(contract, args.contract, targets, peers=peers,
+                 options=CampaignOptions.of(**options), on_example=progress.update,
+                 stop=lambda: signals.received is not None or (watch is not None and watch.fired),
+                 on_failure=lambda f, new: saver.found_inline(f, by_name.get(f.target))
+                 if new else None)
+
+    def take_over() -> None:
+        from kda_fuzz.workers.process import exit_from_thread
+
+        code = EXIT_USAGE
+        try:
+            report = c.report
+            report.notes.append(
+                f"--max-seconds {args.max_seconds:g}: a target call in this process "
+                "(--no-isolate) had not returned by the deadline and could not be stopped: "
+                "these are the results until then, every confirmed failure saved (as found "
+                "if it was being minimized)")
+            report.extra["stopped"] = "deadline"
+            progress.__exit__(None, None, None)
+            code = wrap_up(report)
+        except BaseException as e:  # ours: said, and the process ends all the same
+            print(f"kda-fuzz: internal error: {type(e).__name__}: {e}", file=sys.stderr)
+        exit_from_thread(code)
+
+    if clock is not None:
+        watch = Watchdog(clock.draw, clock.kill, lambda: saver.request(Stop(ExitReason.DEADLINE)),
+                         take_over).start()
+    try:
+        report = c.run()
+    except BaseException:
+        if watch is not None and not watch.claim():
+            threading.Event().wait()
+        raise
+    if c.stopped is not None and c.stopped.noteworthy:
+        report.notes.append(f"stopped: {c.stopped}")
+    if watch is not None and not watch.claim():  # the watchdog wraps up and ends the process
+        threading.Event().wait()
+    return report
+
+
 def _calibrated(args: argparse.Namespace, contract: Any, targets: list[Any], peers: list[Any],
-                options: dict[str, Any]) -> list[str]:
+                options: dict[str, Any], clock: Any = None) -> list[str]:
     """Measure foreign targets on cpu and size the campaign's layouts to them (updating
-    ``options``); the notes it adds to the summary."""
+    ``options``); the notes it adds to the summary. With ``clock`` (the
+    :class:`~kda_fuzz.campaign.deadline.Deadline`) the measurement ends by its
+    ``calibrate`` instant: a target that hangs leaves the campaign its time."""
     notes = []
     given = any(getattr(args, k.dest, None) for k in contract.knobs.options if k.calibrated)
     if not args.device.startswith("cuda") and not given \
@@ -780,7 +841,8 @@ def _calibrated(args: argparse.Namespace, contract: Any, targets: list[Any], pee
         from kda_fuzz.campaign.calibrate import apply, calibrate
 
         for t in [*targets, *peers]:
-            sizing = calibrate(contract, args.contract, t.name, timeout=args.timeout)
+            sizing = calibrate(contract, args.contract, t.name, timeout=args.timeout,
+                               deadline=None if clock is None else clock.calibrate)
             if sizing is not None:
                 apply(sizing, options)
                 notes.append(f"{t.name}: {sizing.note()}")

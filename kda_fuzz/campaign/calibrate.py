@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from kda_fuzz.campaign.deadline import PastDeadline
 from kda_fuzz.engine.contract import Contract
 from kda_fuzz.engine.knobs import Caps, Measured
 from kda_fuzz.workers.isolate import IsolatedTarget
@@ -31,22 +32,26 @@ INTERPRETED_ROW_HEAD = 1e-3
 
 
 def calibrate(contract: Contract, variant: str, target: str, *,
-              timeout: float = 60.0) -> Caps | None:
+              timeout: float = 60.0, deadline: float | None = None) -> Caps | None:
     """Measure ``target`` (``MODULE:CALLABLE``) on the CPU: the family's caps for it,
     ``None`` when its sizes already fit the time, when a probe does not pass (the
-    campaign will say why) or when the family has no probes or caps."""
+    campaign will say why), when the family has no probes or caps, or when the
+    measurement is not over by ``deadline`` (``time.monotonic()``; its worker killed)."""
     probe, caps = contract.probe, contract.knobs.calibrated
     if probe is None or caps is None:
         return None
     small, many = probe(1, NARROW, variant), probe(PROBE_UNITS, NARROW, variant)
     wide = probe(PROBE_UNITS, WIDE, variant)
     times = []
-    with IsolatedTarget(contract, target, timeout=timeout) as iso:
+    with IsolatedTarget(contract, target, timeout=timeout, deadline=deadline) as iso:
         for case in (small, small, many, wide):  # the first call may compile, warm caches
             best = float("inf")
             for _ in range(REPEATS):  # noise only adds time: the fastest run is the cost
                 t = time.perf_counter()
-                outcome = iso.run(case)
+                try:
+                    outcome = iso.run(case)
+                except PastDeadline:  # the campaign's time is not spent measuring
+                    return None
                 if outcome.status != "pass":
                     return None
                 wall = time.perf_counter() - t

@@ -44,6 +44,7 @@ from typing import Any
 
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
+from kda_fuzz.campaign.deadline import PastDeadline
 from kda_fuzz.campaign.runner import Failure, Minimizer, Report, Target
 from kda_fuzz.corpus.replay import load_entry, replay
 from kda_fuzz.corpus.store import (
@@ -123,6 +124,7 @@ class Replay:
     bad: list[str] = field(default_factory=list)  # unreadable: deleted
     stale: list[str] = field(default_factory=list)  # stale or unjudgeable: moved
     kept: int = 0  # not judgeable here (skip): left in place
+    unreplayed: int = 0  # not replayed by the deadline: left in place
     saved: int = 0  # new failures of this run stored afterwards
 
     def to_json(self) -> dict[str, Any]:
@@ -141,6 +143,9 @@ class Replay:
             parts.append(f"{len(self.bad)} unreadable, deleted")
         if self.stale:
             parts.append(f"{len(self.stale)} stale or not judgeable, moved aside")
+        if self.unreplayed:
+            parts.append(f"{self.unreplayed} not replayed by the --max-seconds deadline, "
+                         "kept")
         return (f"example database {redact(self.url)}: replayed {self.entries} stored "
                 f"failing example(s) first ({', '.join(parts)}); {self.saved} new failure(s) "
                 "stored")
@@ -158,11 +163,12 @@ def _stored(db: ExampleDatabase, key: bytes) -> list[bytes]:
 def replay_stored(db: ExampleDatabase, url: str, key: bytes, contract: Any, variant: str,
                   targets: Sequence[Target], *, device: str = "cpu", isolate: bool = True,
                   timeout: float = 60.0, messages: str = "exact",
-                  strict: bool = False) -> Replay:
+                  strict: bool = False, deadline: float | None = None) -> Replay:
     """Replay every entry stored under ``key`` on ``targets`` (through
     :func:`kda_fuzz.replay.replay`, each target's worker kept for all entries); the
     failures that come back, one per distinct failure (the smallest entry showing it), in
-    :class:`Replay`."""
+    :class:`Replay`. Isolated, the replay ends by ``deadline`` (``time.monotonic()``):
+    entries not replayed by then stay as they are (``Replay.unreplayed``)."""
     out = Replay(url, key)
     loaded = []
     for value in _stored(db, key):
@@ -182,7 +188,7 @@ def replay_stored(db: ExampleDatabase, url: str, key: bytes, contract: Any, vari
     with ExitStack() as stack:
         workers = {t.name: stack.enter_context(IsolatedTarget(
             contract, t.name, timeout=timeout, device=device, messages=messages,
-            strict=strict)) for t in targets} if isolate else {}
+            strict=strict, deadline=deadline)) for t in targets} if isolate else {}
 
         def run(contract: Any, case: Any, kind: str, chosen: Sequence[Target]
                 ) -> list[tuple[str, Outcome]]:
@@ -194,15 +200,24 @@ def replay_stored(db: ExampleDatabase, url: str, key: bytes, contract: Any, vari
                     outcome = run_case(contract, case if device == "cpu" else case.on(device),
                                        t.fn, messages=messages, strict=strict)  # type: ignore[arg-type]
                 else:
-                    outcome = workers[t.name].run(case)
-                    for _ in range(FLAKY_RUNS - 1 if kind == "flaky" else 0):
-                        if not passed(outcome):
-                            break
+                    try:
                         outcome = workers[t.name].run(case)
+                        for _ in range(FLAKY_RUNS - 1 if kind == "flaky" else 0):
+                            if not passed(outcome):
+                                break
+                            outcome = workers[t.name].run(case)
+                    except PastDeadline:
+                        raise _OutOfTime from None  # (past replay's own error handling)
                 results.append((t.name, outcome))
             return results
 
-        records = [(value, replay(entry, targets, run=run)) for value, entry in loaded]
+        records = []
+        for i, (value, entry) in enumerate(loaded):
+            try:
+                records.append((value, replay(entry, targets, run=run)))
+            except _OutOfTime:
+                out.unreplayed = len(loaded) - i
+                break
     seen: dict[tuple[Any, ...], Failure] = {}
     for value, rec in records:
         if rec.status in ("STALE", "ERROR"):  # the contract changed since; or unjudgeable
@@ -229,6 +244,10 @@ def replay_stored(db: ExampleDatabase, url: str, key: bytes, contract: Any, vari
             out.passed += 1
             db.move(key, secondary(key), value)
     return out
+
+
+class _OutOfTime(BaseException):
+    """The deadline came before an entry's replay ended (never the entry's verdict)."""
 
 
 def merge_replayed(report: Report, replayed: list[Failure]) -> list[Failure]:

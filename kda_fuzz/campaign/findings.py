@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kda_fuzz.campaign.channel import ExitReason, Stop
+from kda_fuzz.campaign.deadline import Deadline, PastDeadline
 from kda_fuzz.campaign.minimize import minimize_with_verdict
 from kda_fuzz.campaign.runner import HARD_KINDS, Failure, Target, minimizable
 from kda_fuzz.campaign.sanitizing import attach_report, minimize_finding
@@ -44,16 +45,19 @@ def _why(stop: Stop) -> str:
 class FindingSaver:
     """Minimizes and saves each new distinct failure it is given (``found``), as it comes.
 
-    ``corpus`` ``None``: minimized, not saved. ``deadline`` (``time.monotonic()``): no
-    minimization runs past it. ``skip``: signatures of failures handled elsewhere (replayed
-    from an example database): neither minimized nor saved here. ``on_found(f)`` and
-    ``on_saved(f)`` are told of each failure when it arrives and when it is settled (its
-    ``saved`` path, or its ``note`` saying why it has none)."""
+    ``corpus`` ``None``: minimized, not saved. ``deadline``: the command's
+    :class:`~kda_fuzz.campaign.deadline.Deadline` (or its end, ``time.monotonic()``): no
+    minimization runs past its ``settle`` instant, no worker is waited for past its end
+    (what is not minimized by then is saved as found). ``skip``: signatures of failures
+    handled elsewhere (replayed from an example database): neither minimized nor saved
+    here. ``on_found(f)`` and ``on_saved(f)`` are told of each failure when it arrives
+    and when it is settled (its ``saved`` path, or its ``note`` saying why it has
+    none)."""
 
     def __init__(self, contract: Contract, corpus: str | None, *, seed: int | None,
                  device: str = "cpu", timeout: float = 60.0, shrink_seconds: float = 30.0,
                  messages: str = "exact", strict: bool = False, workers: int = 1,
-                 deadline: float | None = None,
+                 deadline: Deadline | float | None = None,
                  skip: frozenset[tuple[Any, ...]] = frozenset(),
                  on_found: Callable[[Failure], None] | None = None,
                  on_saved: Callable[[Failure], None] | None = None,
@@ -62,7 +66,16 @@ class FindingSaver:
         self.contract, self.corpus, self.seed = contract, corpus, seed
         self.device, self.timeout, self.shrink_seconds = device, timeout, shrink_seconds
         self.judging = {"messages": messages, "strict": strict}
-        self.deadline, self.skip = deadline, skip
+        if isinstance(deadline, Deadline):  # (a bare end: the old margins before it)
+            self.deadline: float | None = deadline.end
+            self._settle_at: float | None = deadline.settle
+        else:
+            self.deadline = deadline
+            self._settle_at = None if deadline is None else deadline - SAVE_MARGIN
+        # minimizations still judging a candidate are killed then
+        self._cut_at = None if self.deadline is None or self._settle_at is None else (
+            self._settle_at + self.deadline) / 2
+        self.skip = skip
         self.sanitize = sanitize  # each finding also replayed under this compute-sanitizer tool
         self.on_found, self.on_saved, self.reproduce = on_found, on_saved, reproduce
         self.stopped: Stop | None = None  # set by ``cut``
@@ -127,9 +140,11 @@ class FindingSaver:
             _kill(iso)
 
     def finish(self) -> None:
-        """Wait until every failure given is settled (minimizations end by the deadline)."""
-        if self.deadline is not None and self._timer is None and self._started:
-            wait = max(0.0, self.deadline - SAVE_MARGIN / 2 - time.monotonic())
+        """Wait until every failure given is settled (minimizations end by the deadline;
+        past its end no thread is waited for: a failure still unsettled then is the
+        caller's to save, as found, see ``settled``)."""
+        if self._cut_at is not None and self._timer is None and self._started:
+            wait = max(0.0, self._cut_at - time.monotonic())
             self._timer = threading.Timer(wait, self.cut, (Stop(ExitReason.DEADLINE),))
             self._timer.daemon = True
             self._timer.start()
@@ -138,6 +153,8 @@ class FindingSaver:
                 if self.stopped is not None and self._live:
                     for iso in list(self._live):
                         _kill(iso)
+                if self.deadline is not None and time.monotonic() > self.deadline:
+                    break
                 self._idle.wait(0.1)
         if self._timer is not None:
             self._timer.cancel()
@@ -146,9 +163,11 @@ class FindingSaver:
             for _ in self._threads:
                 self._todo.put(None)
             # joined, not left as daemons: a daemon thread inside a torch op when the
-            # interpreter exits aborts the process (see ``workers.process.exit_now``)
+            # interpreter exits aborts the process (see ``workers.process.exit_now``, which
+            # skips that teardown: a thread still busy past the deadline is left to it)
             for t in self._threads:
-                t.join()
+                t.join(None if self.deadline is None
+                       else max(0.0, self.deadline - time.monotonic()))
 
     # ------------------------------------------------------------------ work
 
@@ -178,9 +197,10 @@ class FindingSaver:
     def _isolated(self, f: Failure) -> None:
         if not _wants_minimizing(f) or self._out_of_time():
             return
+        # the worker's start-up and every candidate end by the cut, as a ``PastDeadline``
         with IsolatedTarget(self.contract, f.target, device=self.device,
                             timeout=candidate_timeout(f.verdict, self.timeout),
-                            **self.judging) as iso:  # type: ignore[arg-type]
+                            deadline=self._cut_at, **self.judging) as iso:  # type: ignore[arg-type]
             with self._lock:
                 if self.stopped is not None:
                     return
@@ -188,7 +208,11 @@ class FindingSaver:
             try:
                 def run(case: Any) -> Outcome:
                     self._check()
-                    outcome = iso.run(case)
+                    try:
+                        outcome = iso.run(case)
+                    except PastDeadline:
+                        self.request(Stop(ExitReason.DEADLINE))
+                        raise _Cut from None
                     self._check()  # a worker killed by ``cut`` is no crash of the target
                     return outcome
 
@@ -204,13 +228,16 @@ class FindingSaver:
         """Whether ``case`` does not return within the ceiling (``--timeout``) either: a
         minimized hang is kept only then (its candidates were judged under the shorter
         calibrated limit, which a slow but returning call may pass)."""
-        if self.deadline is not None and \
-                time.monotonic() + self.timeout > self.deadline - SAVE_MARGIN:
+        if self._settle_at is not None and time.monotonic() + self.timeout > self._settle_at:
             return False  # no time to prove it: the proven case as found is kept
         limit, iso.timeout = iso.timeout, self.timeout
         try:
             self._check()
-            outcome = iso.run(case)
+            try:
+                outcome = iso.run(case)
+            except PastDeadline:
+                self.request(Stop(ExitReason.DEADLINE))
+                raise _Cut from None
             self._check()
         finally:
             iso.timeout = limit
@@ -221,8 +248,8 @@ class FindingSaver:
         if self._out_of_time():
             return
         seconds = self.shrink_seconds
-        if self.deadline is not None:
-            seconds = min(seconds, self.deadline - SAVE_MARGIN - time.monotonic())
+        if self._settle_at is not None:
+            seconds = min(seconds, self._settle_at - time.monotonic())
         end = time.monotonic() + seconds
         try:
             case, verdict = minimize_with_verdict(self.contract, f.case, None,  # type: ignore[arg-type]
@@ -267,8 +294,8 @@ class FindingSaver:
         attach_report(f, self.sanitize, self.device, timeout=min(600.0, left or 600.0))
 
     def _out_of_time(self) -> bool:
-        if self.stopped is None and self.deadline is not None \
-                and time.monotonic() > self.deadline - SAVE_MARGIN:
+        if self.stopped is None and self._settle_at is not None \
+                and time.monotonic() > self._settle_at:
             with self._lock:
                 self.stopped = self.stopped or Stop(ExitReason.DEADLINE)
         return self.stopped is not None

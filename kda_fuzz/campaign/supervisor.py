@@ -408,9 +408,7 @@ class Supervisor:
     def abort(self) -> None:
         """Stop jobs started by ``start`` without running the campaign."""
         self.stop.set()
-        for s in self.states:
-            s.proc.kill()
-            s.proc.join(timeout=5)
+        _kill_all([s.proc for s in self.states])
 
     def interrupt(self, reason: Stop) -> None:
         """Ask the campaign to stop drawing (safe in a signal handler: only a flag is set;
@@ -444,11 +442,15 @@ class Supervisor:
             self._drain(0.0)
         finally:
             self.stop.set()
+            # the jobs end their example (10 s at most, never past the hard deadline); those
+            # still there then are killed all at once (a GPU job's exit takes a while: one
+            # after another they would add up)
+            until = time.monotonic() + 10.0
+            if self.hard_deadline is not None:
+                until = min(until, max(self.hard_deadline, time.monotonic() + 0.5))
             for s in self.states:
-                s.proc.join(timeout=10)
-                if s.proc.is_alive():
-                    s.proc.kill()
-                    s.proc.join(timeout=5)
+                s.proc.join(timeout=max(0.0, until - time.monotonic()))
+            _kill_all([s.proc for s in self.states if s.proc.is_alive()])
         said: dict[str, list[int]] = {}  # a job's note -> the jobs that made it
         for s in self.states:
             stopped = s.summary.get("stopped")
@@ -476,11 +478,10 @@ class Supervisor:
         """Kill the jobs that have not ended (stopping or past the deadline), keeping their
         last progress: never a verdict on a target."""
         self.stop.set()
+        _kill_all([s.proc for s in self.states if not s.done])
         for s in self.states:
             if s.done:
                 continue
-            s.proc.kill()
-            s.proc.join(timeout=5)
             s.done = True
             s.summary = {**s.summary, "stopped": Stop(
                 self.stopped.reason if self.stopped else ExitReason.DEADLINE,
@@ -676,6 +677,17 @@ class Supervisor:
         spec = Job(**{**s.spec.__dict__, "resume": resume, "hard": hard, "relaxed": relaxed,
                       "seen": seen})
         self._start(spec, s)
+
+
+def _kill_all(procs: list[Any], wait: float = 5.0) -> None:
+    """Kill every process of ``procs`` first, then wait for them together (``wait``
+    seconds in all, not each)."""
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    until = time.monotonic() + wait
+    for p in procs:
+        p.join(timeout=max(0.0, until - time.monotonic()))
 
 
 def candidate_timeout(verdict: Verdict, timeout: float) -> float:

@@ -22,6 +22,7 @@ from typing import Any, NoReturn
 
 import torch
 
+from kda_fuzz.campaign.deadline import PastDeadline
 from kda_fuzz.engine.case import Case
 from kda_fuzz.engine.contract import Contract
 from kda_fuzz.engine.oracle import EnvironmentFailure, Outcome, device_error, expectation, run_case
@@ -87,10 +88,14 @@ class IsolatedTarget:
     parent never initialises CUDA and a faulting kernel takes down only the worker."""
 
     def __init__(self, contract: Contract, target: str, *, timeout: float = 60.0,
-                 device: str = "cpu", messages: str = "exact", strict: bool = False) -> None:
+                 device: str = "cpu", messages: str = "exact", strict: bool = False,
+                 deadline: float | None = None) -> None:
         self.contract = contract
         self.target = target
         self.timeout = timeout
+        # time.monotonic() past which no start-up or case waits: ``PastDeadline`` (the
+        # worker killed), never a verdict
+        self.deadline = deadline
         self.device = device
         self.judging = {"messages": messages, "strict": strict}
         self._ctx = worker_context()
@@ -108,8 +113,22 @@ class IsolatedTarget:
             child.close()
         self._proc = proc
         self._conn = parent
-        if not parent.poll(max(self.timeout, 120.0)) or parent.recv() != "ready":
+        wait, cut = self._wait(max(self.timeout, 120.0))
+        if not parent.poll(wait):
+            if cut:
+                raise PastDeadline(f"the worker for {self.target} had not started by the "
+                                   "deadline")
             raise RuntimeError(f"worker for {self.target} did not start")
+        if parent.recv() != "ready":
+            raise RuntimeError(f"worker for {self.target} did not start")
+
+    def _wait(self, limit: float) -> tuple[float, bool]:
+        """How long to wait for the worker: ``limit``, or less where ``deadline`` comes
+        first (then ``True``)."""
+        if self.deadline is None:
+            return limit, False
+        left = max(0.0, self.deadline - time.monotonic())
+        return (left, True) if left < limit else (limit, False)
 
     def _stop(self, kill: bool = False) -> None:
         if self._proc is not None:
@@ -121,19 +140,26 @@ class IsolatedTarget:
         self._proc, self._conn = None, None
 
     def run(self, case: Case) -> Outcome:
-        """Judge ``case`` in the worker; a dead or silent worker is a crash or a timeout."""
+        """Judge ``case`` in the worker; a dead or silent worker is a crash or a timeout.
+        Raises ``PastDeadline`` (the worker killed) where ``deadline`` came first."""
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            raise PastDeadline(f"no time left to run a case on {self.target}")
         if self._proc is None or not self._proc.is_alive():
             self._stop()
             try:
                 self._start()
+            except PastDeadline:
+                self._stop(kill=True)
+                raise
             except (EOFError, OSError, RuntimeError) as e:
                 self._stop(kill=True)
                 raise RuntimeError(f"cannot start a worker for {self.target}: {e}") from e
         assert self._conn is not None
         timed_out = False
+        wait, cut = self._wait(self.timeout)
         try:
             self._conn.send(case)
-            if self._conn.poll(self.timeout):
+            if self._conn.poll(wait):
                 got = self._conn.recv()
                 if isinstance(got, tuple) and got[0] == "environment":
                     raise EnvironmentFailure(got[1])
@@ -146,6 +172,8 @@ class IsolatedTarget:
         exp = expectation(self.contract, case)
         code = self._proc.exitcode
         self._stop(kill=True)
+        if timed_out and cut:  # the deadline's, not the case's: no verdict
+            raise PastDeadline(f"a case on {self.target} was still running at the deadline")
         if timed_out:
             return Outcome("fail", exp, Verdict(
                 "timeout", "no-return", f"did not return within {self.timeout:g} s"))

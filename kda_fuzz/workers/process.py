@@ -121,6 +121,18 @@ def exit_now(code: int) -> NoReturn:
     os._exit(code)
 
 
+def exit_from_thread(code: int) -> NoReturn:
+    """End the whole process with ``code`` from a thread other than the main one (which
+    may be stuck in a call that cannot be stopped): the exit handlers run (multiprocessing's
+    clean-up of its children among them), the interpreter's teardown is skipped."""
+    _flush()
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        _flush()
+        os._exit(code)
+
+
 def _flush() -> None:
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -1,0 +1,132 @@
+"""``--max-seconds S`` ends the command within max(5 s, 5 %) after S whatever else is on
+(issue 33): the worst rows of ``benchmarks/deadline_matrix.py`` as short campaigns, and the
+pieces that make the phases cuttable (the one clock, an isolated worker's deadline, a
+calibration that gives up, the in-process watchdog)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kda_fuzz.campaign.deadline import Deadline, PastDeadline, Watchdog
+from kda_fuzz.families import get_contract
+
+ROOT = Path(__file__).resolve().parents[1]
+REFERENCE = "kda_fuzz_kernels.kda_decode:reference_kda_packed_decode"
+LONG = ("--shrink-seconds", "600")  # minimizations that would outlast the deadline
+
+
+def allowance(seconds: float) -> float:
+    """How long past ``--max-seconds`` the process may take to exit (issue 33)."""
+    return max(5.0, 0.05 * seconds)
+
+
+def test_the_clock_orders_its_phases_before_the_end() -> None:
+    """Calibration, then replay; the stop of the draws, then the kill of the jobs; the end
+    of the minimizations: all inside the budget."""
+    for seconds in (6.0, 20.0, 45.0, 600.0):
+        d = Deadline(100.0, seconds)
+        assert d.end == 100.0 + seconds
+        assert 100.0 < d.calibrate < d.replay < d.draw < d.kill < d.end, seconds
+        assert d.replay < d.settle < d.end, seconds
+
+
+def test_an_isolated_worker_does_not_wait_past_its_deadline() -> None:
+    """A case still running at the worker's deadline is no ``timeout`` verdict: the worker
+    is killed and ``PastDeadline`` raised, at the deadline, not after ``timeout``."""
+    from kda_fuzz.workers.isolate import IsolatedTarget
+
+    kda = get_contract("kda")
+    case = kda.probe(1, 16, "helion")
+    with IsolatedTarget(kda, "tests.hostile_targets:hangs", timeout=60) as iso:
+        iso.deadline = time.monotonic() + 3.0
+        t = time.monotonic()
+        with pytest.raises(PastDeadline):
+            iso.run(case)
+        assert time.monotonic() - t < 3.0 + 2.0
+        with pytest.raises(PastDeadline):  # and nothing more is started
+            iso.run(case)
+
+
+def test_calibration_gives_up_at_its_deadline() -> None:
+    """A target that hangs on the probes is not measured for ``--timeout`` seconds."""
+    from kda_fuzz.campaign.calibrate import calibrate
+
+    t = time.monotonic()
+    assert calibrate(get_contract("kda"), "helion", "tests.hostile_targets:hangs",
+                     timeout=60, deadline=t + 3.0) is None
+    assert time.monotonic() - t < 3.0 + 2.0
+
+
+def test_the_watchdog_takes_over_only_unclaimed_work() -> None:
+    stopped, taken = [], []
+    now = time.monotonic()
+    quick = Watchdog(now + 5, now + 6, lambda: stopped.append(1), lambda: taken.append(1)).start()
+    assert quick.claim()  # the work ended first: nothing fires
+    late = Watchdog(now, now + 0.2, lambda: stopped.append(2), lambda: taken.append(2)).start()
+    time.sleep(0.6)
+    assert not late.claim()  # the watchdog has it
+    assert stopped == [2] and taken == [2]
+
+
+def _fuzz(tmp_path: Path, seconds: float, *extra: str) -> tuple[float, int, dict, str]:
+    """``kda-fuzz fuzz --max-seconds seconds`` in its own process group: its wall time
+    (from before the process started), exit code, JSON summary and stderr."""
+    corpus = tmp_path / "corpus"
+    cmd = [sys.executable, "-m", "kda_fuzz", "fuzz", "--device", "cpu", "--max-seconds",
+           f"{seconds:g}", "--max-examples", "1000000", "--seed", "1", "--json",
+           "--corpus", str(corpus), *extra]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    t = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=seconds + 60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+    wall = time.monotonic() - t
+    lines = out.strip().splitlines()
+    summary = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {}
+    return wall, proc.returncode, summary, err
+
+
+# The worst rows of the matrix before the fix (a target that hangs: its calibration took
+# --timeout, 60 s; in this process, nothing ever stopped it) and the rows with findings to
+# minimize (600 s each) and save, isolated and not.
+CASES = {
+    "hangs-j2": (8.0, ("--target", "tests.hostile_targets:hangs", "--contract", "helion",
+                       "-j", "2", *LONG)),
+    "hangs-no-isolate": (8.0, ("--target", "tests.hostile_targets:hangs", "--contract",
+                               "helion", "--no-isolate", *LONG)),
+    "reference-j2-bitwise": (10.0, ("--target", REFERENCE, "--contract", "helion", "-j", "2",
+                                    "--invariance", "bitwise", "--helion-configs", "2",
+                                    *LONG)),
+    "slow-no-isolate": (8.0, ("--target", "tests.slow_targets:slow_pad_wrap", "--contract",
+                              "triton", "--no-isolate", "--valid-share", "1", *LONG)),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_max_seconds_ends_the_command_in_time_with_every_finding_saved(
+        tmp_path: Path, name: str) -> None:
+    """The process is gone within max(5 s, 5 %) after ``--max-seconds`` (the margin is the
+    issue's own: nothing more is added for the load, the commands count from the process's
+    start), with a summary, and every failure it confirmed saved in the corpus."""
+    seconds, extra = CASES[name]
+    wall, code, summary, err = _fuzz(tmp_path, seconds, *extra)
+    assert code in (0, 1), err[-3000:]
+    assert wall < seconds + allowance(seconds), (wall, err[-3000:])
+    assert summary, err[-3000:]
+    saved = list((tmp_path / "corpus").rglob("*.json"))
+    assert len(saved) == summary["failures"], (summary["saved"], err[-3000:])
+    if name == "hangs-no-isolate":  # nothing stops the call: the watchdog wraps up
+        assert summary["stopped"] == "deadline"
+        assert any("could not be stopped" in n for n in summary["notes"]), summary["notes"]
