@@ -9,8 +9,9 @@ hangs), each with a corpus in a temporary folder, and prints per command its wal
 (from before the process started), exit code and over-run past S. A row with a ``SETUP``
 run has its example database filled first (untimed). Flags: ``OVER`` past the allowance,
 ``KILLED`` (the benchmark had to), ``LEFTOVER`` (its processes outlived it by more than
-``LEFTOVER_GRACE``), ``ERROR`` (it exited with a usage or internal error, 2). Run from the
-repository root:
+``LEFTOVER_GRACE``), ``ERROR`` (it exited with a usage or internal error, 2), ``LOST``
+(fewer corpus files than the failures its JSON summary counts). Run from the repository
+root:
 
     python benchmarks/deadline_matrix.py [--max-seconds 20] [--only NAME ...] [--list]
         [--load N (N busy processes beside the commands: a machine others use too)]
@@ -21,6 +22,7 @@ Exit status 1 when any row is flagged.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import subprocess
@@ -125,10 +127,10 @@ def run_row(name: str, extra: tuple[str, ...], seconds: float, kill_after: float
         cmd = [sys.executable, "-m", "kda_fuzz", "fuzz", "--device", "cpu", "--max-seconds",
                f"{seconds:g}", "--max-examples", "1000000", "--seed", "1", "--json",
                "--corpus", str(Path(tmp) / "corpus"), *(a.format(tmp=tmp) for a in extra)]
-        err_path = Path(tmp) / "stderr.txt"
+        err_path, out_path = Path(tmp) / "stderr.txt", Path(tmp) / "stdout.txt"
         t0 = time.monotonic()
-        with open(err_path, "w") as err:
-            proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+        with open(err_path, "w") as err, open(out_path, "w") as out:
+            proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out,
                                     stderr=err, start_new_session=True)
             killed = False
             try:
@@ -144,12 +146,19 @@ def run_row(name: str, extra: tuple[str, ...], seconds: float, kill_after: float
             os.killpg(proc.pid, signal.SIGKILL)
         saved = len(list((Path(tmp) / "corpus").rglob("*.json")))
         tail = err_path.read_text().strip().splitlines()[-3:]
+        lines = out_path.read_text().strip().splitlines()
+        try:
+            failures = json.loads(lines[-1])["failures"] if lines else None
+        except (ValueError, KeyError):
+            failures = None
     over = wall - seconds
     error = not killed and proc.returncode not in (0, 1)  # a usage or internal error
+    lost = failures is not None and saved < failures  # a confirmed failure not saved
     flags = [f for f, on in (("KILLED", killed), ("OVER", over > allowance(seconds)),
-                             ("LEFTOVER", bool(leftover)), ("ERROR", error)) if on]
+                             ("LEFTOVER", bool(leftover)), ("ERROR", error),
+                             ("LOST", lost)) if on]
     return {"name": name, "wall": wall, "rc": None if killed else proc.returncode,
-            "over": over, "saved": saved, "flags": flags,
+            "over": over, "saved": saved, "failures": failures, "flags": flags,
             "tail": tail + [f"left: {c}" for c in leftover]}
 
 
@@ -192,7 +201,8 @@ def _report(name: str, r: dict[str, Any]) -> list[str]:
     """Print one row's line (and the tail of its stderr when flagged); ``[name]`` if flagged."""
     rc = "-" if r["rc"] is None else r["rc"]
     print(f"{name:32s} wall {r['wall']:6.1f} s  rc {rc!s:>3}  over {r['over']:+6.1f} s  "
-          f"saved {r['saved']:3d}  {' '.join(r['flags'])}", flush=True)
+          f"failures {r['failures'] if r['failures'] is not None else '-'!s:>2} saved "
+          f"{r['saved']:2d}  {' '.join(r['flags'])}", flush=True)
     if not r["flags"]:
         return []
     for line in r["tail"]:
