@@ -102,14 +102,14 @@ def _fuzz(tmp_path: Path, seconds: float, *extra: str) -> tuple[float, int, dict
 # --timeout, 60 s; in this process, nothing ever stopped it) and the rows with findings to
 # minimize (600 s each) and save, isolated and not.
 CASES = {
-    "hangs-j2": (8.0, ("--target", "tests.hostile_targets:hangs", "--contract", "helion",
+    "hangs-j2": (6.0, ("--target", "tests.hostile_targets:hangs", "--contract", "helion",
                        "-j", "2", *LONG)),
-    "hangs-no-isolate": (8.0, ("--target", "tests.hostile_targets:hangs", "--contract",
+    "hangs-no-isolate": (6.0, ("--target", "tests.hostile_targets:hangs", "--contract",
                                "helion", "--no-isolate", *LONG)),
-    "reference-j2-bitwise": (10.0, ("--target", REFERENCE, "--contract", "helion", "-j", "2",
-                                    "--invariance", "bitwise", "--helion-configs", "2",
-                                    *LONG)),
-    "slow-no-isolate": (8.0, ("--target", "tests.slow_targets:slow_pad_wrap", "--contract",
+    "reference-j2-bitwise": (8.0, ("--target", REFERENCE, "--contract", "helion", "-j", "2",
+                                   "--invariance", "bitwise", "--helion-configs", "2",
+                                   *LONG)),
+    "slow-no-isolate": (6.0, ("--target", "tests.slow_targets:slow_pad_wrap", "--contract",
                               "triton", "--no-isolate", "--valid-share", "1", *LONG)),
 }
 
