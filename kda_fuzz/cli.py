@@ -782,7 +782,6 @@ def _in_process(args: argparse.Namespace, contract: Any, targets: list[Any], pee
     ``kill`` instant, a watchdog thread wraps the command up with what was found so far (every
     failure saved, as found where it was not minimized: ``wrap_up(report)``, the exit
     code) and ends the process; the call is left where it is."""
-    from kda_fuzz.campaign.channel import ExitReason, Stop
     from kda_fuzz.campaign.deadline import Watchdog
     from kda_fuzz.campaign.runner import Campaign, CampaignOptions
 
@@ -801,10 +800,10 @@ def _in_process(args: argparse.Namespace, contract: Any, targets: list[Any], pee
         try:
             report = c.report
             report.notes.append(
-                f"--max-seconds {args.max_seconds:g}: a target call in this process "
-                "(--no-isolate) had not returned by the deadline and could not be stopped: "
-                "these are the results until then, every confirmed failure saved (as found "
-                "if it was being minimized)")
+                f"--max-seconds {args.max_seconds:g}: the example in flight in this process "
+                "(--no-isolate: a target call cannot be stopped) had not ended by the "
+                "deadline and was left running: these are the results until then, every "
+                "confirmed failure saved (as found if it was being minimized)")
             report.extra["stopped"] = "deadline"
             progress.__exit__(None, None, None)
             code = wrap_up(report)
@@ -813,8 +812,8 @@ def _in_process(args: argparse.Namespace, contract: Any, targets: list[Any], pee
         exit_from_thread(code)
 
     if clock is not None:
-        watch = Watchdog(clock.draw, clock.kill, lambda: saver.request(Stop(ExitReason.DEADLINE)),
-                         take_over).start()
+        # (the minimization in this thread ends by itself at clock.settle)
+        watch = Watchdog(clock.draw, clock.kill, lambda: None, take_over).start()
     try:
         report = c.run()
     except BaseException:
