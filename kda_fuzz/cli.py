@@ -87,16 +87,6 @@ class _Deprecated(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {n}")
-    return n
-
-
 def _targets_group(p: argparse.ArgumentParser, replay: bool) -> argparse._ArgumentGroup:
     g = p.add_argument_group("targets")
     g.add_argument("--target", action="append", metavar="MODULE:CALLABLE",
@@ -1141,13 +1131,6 @@ def _jobs(args: argparse.Namespace) -> int:
     if jobs < 1:
         raise UsageError(f"--jobs must be a positive integer or auto, not {args.jobs!r}")
     return jobs
-
-
-def _minimizer(contract: Any, seconds: float = 30.0) -> Any:
-    from kda_fuzz.campaign.minimize import minimize_with_verdict
-
-    return lambda case, target, verdict, run: minimize_with_verdict(
-        contract, case, target.fn, verdict, run=run, seconds=seconds)
 
 
 def _print_report(report: Any, as_json: bool) -> None:

@@ -45,7 +45,7 @@ from typing import Any
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
 from kda_fuzz.campaign.deadline import PastDeadline
-from kda_fuzz.campaign.runner import Failure, Minimizer, Report, Target
+from kda_fuzz.campaign.runner import Failure, Report, Target
 from kda_fuzz.corpus.replay import load_entry, replay
 from kda_fuzz.corpus.store import (
     FLAKY_RUNS,
@@ -263,18 +263,6 @@ def merge_replayed(report: Report, replayed: list[Failure]) -> list[Failure]:
             new.append(f)
     report.failures = [*replayed, *new]
     return new
-
-
-def skip_replayed(minimize: Minimizer, replayed: Sequence[Failure]) -> Minimizer:
-    """``minimize``, except for the failures ``replayed`` (stored minimized already)."""
-    known = {f.signature for f in replayed}
-
-    def run(case: Any, target: Target, verdict: Any, judge: Any) -> tuple[Any, Any]:
-        if (target.name, *verdict.signature(case.variant)) in known:
-            return case, verdict
-        return minimize(case, target, verdict, judge)
-
-    return run
 
 
 def save_failures(db: ExampleDatabase, key: bytes, failures: Sequence[Failure], *,

@@ -40,7 +40,6 @@ import signal
 import time
 import traceback
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from multiprocessing import connection
@@ -59,9 +58,7 @@ from kda_fuzz.campaign.channel import (
     Snapshot,
     Stop,
 )
-from kda_fuzz.campaign.minimize import minimize_with_verdict
 from kda_fuzz.campaign.runner import (
-    HARD_KINDS,
     Campaign,
     CampaignOptions,
     Failure,
@@ -70,7 +67,6 @@ from kda_fuzz.campaign.runner import (
     Report,
     Target,
     load_target,
-    minimizable,
 )
 from kda_fuzz.campaign.steering import note as shifted_note
 from kda_fuzz.campaign.timeouts import Calibration, confirm_limit, describe, merged, store_size
@@ -79,7 +75,6 @@ from kda_fuzz.engine.oracle import EnvironmentFailure, device_error
 from kda_fuzz.engine.verdict import Verdict
 from kda_fuzz.execution import compiles
 from kda_fuzz.families import get_contract
-from kda_fuzz.workers.isolate import IsolatedTarget
 from kda_fuzz.workers.process import exit_with_parent, how_it_ended, worker_context, worker_process
 
 JOBS_PER_GPU = 4  # xdist workers sharing one GPU
@@ -707,29 +702,5 @@ def minimized_detail(found: Verdict, minimized: Verdict, timeout: float) -> Verd
                    f"the campaign found it past; --timeout {timeout:g} s is the ceiling)")
 
 
-def minimize_failures(contract: Any, failures: list[Failure], *, device: str,
-                      timeout: float, shrink_seconds: float, workers: int = 1,
-                      messages: str = "exact", strict: bool = False) -> None:
-    """Minimize each distinct failure in place, its candidates judged in an isolated worker
-    (crashes and hangs too, within ``shrink_seconds``: :func:`candidate_timeout`; flaky
-    failures and peer disagreements are kept as found)."""
-    def one(f: Failure) -> None:
-        if not (minimizable(f.verdict) or f.verdict.kind in HARD_KINDS) or " vs " in f.target:
-            return
-        with IsolatedTarget(contract, f.target, timeout=candidate_timeout(f.verdict, timeout),
-                            device=device, messages=messages, strict=strict) as iso:
-            f.original = f.case
-            f.case, verdict = minimize_with_verdict(
-                contract, f.case, None, f.verdict, run=iso.run, seconds=shrink_seconds)
-            f.verdict = minimized_detail(f.verdict, verdict, timeout)
-
-    todo = [f for f in failures if f.verdict.kind != "flaky"]
-    if not todo:
-        return
-    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(todo)))) as pool:
-        for fut in [pool.submit(one, f) for f in todo]:
-            fut.result()
-
-
 __all__ = ["JobError", "Supervisor", "auto_jobs", "candidate_timeout", "claim_device",
-           "device_for", "minimize_failures", "minimized_detail"]
+           "device_for", "minimized_detail"]
