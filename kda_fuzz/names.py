@@ -1,17 +1,35 @@
 """The names the command line offers, known without importing torch or any kernel.
 
 ``kda-fuzz`` parses and checks its arguments before importing anything heavy, so the
-contract families and their variants are listed here as plain strings;
-``tests/test_cli_front.py`` checks that they match :data:`kda_fuzz.families.CONTRACTS`.
+built-in contract families are listed here as plain strings (:data:`BUILTINS`, the one
+list: :data:`FAMILIES` here and the registry's ``kda_fuzz.families.BUILTIN_SPECS`` and
+``OPTIONS`` derive from it); ``tests/test_cli_front.py`` checks that they match
+:data:`kda_fuzz.families.CONTRACTS`. This module imports nothing of kda_fuzz.
 """
 
 from __future__ import annotations
 
-# family -> its variants, the first being the family's default
-FAMILIES: dict[str, tuple[str, ...]] = {
-    "kda": ("helion", "triton"),
-    "gdn": ("triton", "helion"),
+from typing import NamedTuple
+
+
+class Builtin(NamedTuple):
+    """A built-in family as known without importing it: its variants, the first being its
+    default (its contract's ``variants``), its contract and its command-line options and
+    sizes (``MODULE:ATTRIBUTE``, imported on first use; the options' module a light one)."""
+
+    variants: tuple[str, ...]
+    contract: str
+    options: str
+
+
+BUILTINS: dict[str, Builtin] = {
+    "kda": Builtin(("helion", "triton"), "kda_fuzz.families.kda.contract:CONTRACT",
+                   "kda_fuzz.families.packed.knobs:KNOBS"),
+    "gdn": Builtin(("triton", "helion"), "kda_fuzz.families.gdn.contract:CONTRACT",
+                   "kda_fuzz.families.packed.knobs:KNOBS"),
 }
+# family -> its variants, the first being the family's default
+FAMILIES: dict[str, tuple[str, ...]] = {name: b.variants for name, b in BUILTINS.items()}
 DEFAULT_FAMILY = "kda"
 # the one variant of a family that declares none (``Contract(variants=())``): files and the
 # engine carry it, the command line and the reports leave it out

@@ -27,18 +27,18 @@ from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
 from kda_fuzz.engine.targets import TargetError, import_object
+from kda_fuzz.names import BUILTINS
 
 if TYPE_CHECKING:  # contracts import torch: loaded on first use
     from kda_fuzz.engine.contract import Contract
     from kda_fuzz.engine.knobs import Knobs
 
+# (both from kda_fuzz.names.BUILTINS, the one list of the built-in families)
 # family -> its contract, MODULE:ATTRIBUTE (imported on first use)
-BUILTIN_SPECS = {"kda": "kda_fuzz.families.kda.contract:CONTRACT",
-                 "gdn": "kda_fuzz.families.gdn.contract:CONTRACT"}
+BUILTIN_SPECS = {name: b.contract for name, b in BUILTINS.items()}
 BUILTIN = tuple(BUILTIN_SPECS)
 # family -> its command-line options and sizes, MODULE:ATTRIBUTE of a light module
-OPTIONS = {"kda": "kda_fuzz.families.packed.knobs:KNOBS",
-           "gdn": "kda_fuzz.families.packed.knobs:KNOBS"}
+OPTIONS = {name: b.options for name, b in BUILTINS.items()}
 ENV_VAR = "KDA_FUZZ_FAMILIES"  # comma-separated MODULE:ATTRIBUTE of more families
 ENTRY_POINTS = "kda_fuzz.families"
 OPTION_ENTRY_POINTS = "kda_fuzz.family_options"
