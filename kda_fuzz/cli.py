@@ -622,12 +622,12 @@ def _contract(args: argparse.Namespace) -> Any:
 def _fuzz(args: argparse.Namespace, signals: Any = None) -> int:
     """``kda-fuzz fuzz``; SIGINT and SIGTERM handled by ``signals`` (an entered
     :class:`~kda_fuzz.campaign.interrupt.Signals`; ``None``: its own, for the whole command)."""
-    from kda_fuzz.campaign.deadline import Deadline
     from kda_fuzz.campaign.findings import FindingSaver
     from kda_fuzz.campaign.interrupt import Signals
     from kda_fuzz.campaign.runner import CampaignOptions, share_of
     from kda_fuzz.corpus.store import replay_command_line
     from kda_fuzz.report.progress import Progress
+    from kda_fuzz.workers.deadline import Deadline
 
     if getattr(args, "chosen", None) is None:  # main did so already; other callers may not
         check_fuzz_args(args)
@@ -772,8 +772,8 @@ def _in_process(args: argparse.Namespace, contract: Any, targets: list[Any], pee
     ``kill`` instant, a watchdog thread wraps the command up with what was found so far (every
     failure saved, as found where it was not minimized: ``wrap_up(report)``, the exit
     code) and ends the process; the call is left where it is."""
-    from kda_fuzz.campaign.deadline import Watchdog
     from kda_fuzz.campaign.runner import Campaign, CampaignOptions
+    from kda_fuzz.workers.deadline import Watchdog
 
     by_name = {t.name: t for t in [*targets, *peers]}
     watch: Watchdog | None = None
@@ -821,7 +821,7 @@ def _calibrated(args: argparse.Namespace, contract: Any, targets: list[Any], pee
                 options: dict[str, Any], clock: Any = None) -> list[str]:
     """Measure foreign targets on cpu and size the campaign's layouts to them (updating
     ``options``); the notes it adds to the summary. With ``clock`` (the
-    :class:`~kda_fuzz.campaign.deadline.Deadline`) the measurement ends by its
+    :class:`~kda_fuzz.workers.deadline.Deadline`) the measurement ends by its
     ``calibrate`` instant: a target that hangs leaves the campaign its time."""
     notes = []
     given = any(getattr(args, k.dest, None) for k in contract.knobs.options if k.calibrated)

@@ -29,7 +29,7 @@ import time
 
 VALUED = {"--tool", "--error-exitcode", "--print-limit", "--target-processes",
           "--launch-timeout", "--destroy-on-device-error"}
-BEGIN = "KDA-FUZZ-SANITIZE BEGIN "
+BEGIN = "kda-fuzz-sanitize BEGIN "
 
 
 def report(address: int | None = None, size: int = 0, loose: bool = False) -> str:

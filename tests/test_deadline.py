@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from kda_fuzz.campaign.deadline import Deadline, PastDeadline, Watchdog
 from kda_fuzz.families import get_contract
+from kda_fuzz.workers.deadline import Deadline, PastDeadline, Watchdog
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = "kda_fuzz_kernels.kda_decode:reference_kda_packed_decode"

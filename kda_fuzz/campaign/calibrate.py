@@ -18,9 +18,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from kda_fuzz.campaign.deadline import PastDeadline
 from kda_fuzz.engine.contract import Contract
 from kda_fuzz.engine.knobs import Caps, Measured
+from kda_fuzz.workers.deadline import PastDeadline
 from kda_fuzz.workers.isolate import IsolatedTarget
 
 EXAMPLE_SECONDS = 0.5  # wall time a valid example may take on the CPU

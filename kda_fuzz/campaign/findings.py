@@ -17,7 +17,6 @@ from collections.abc import Callable
 from typing import Any
 
 from kda_fuzz.campaign.channel import ExitReason, Stop
-from kda_fuzz.campaign.deadline import Deadline, PastDeadline
 from kda_fuzz.campaign.minimize import minimize_with_verdict
 from kda_fuzz.campaign.runner import HARD_KINDS, Failure, Target, minimizable
 from kda_fuzz.campaign.sanitizing import attach_report, minimize_finding
@@ -25,6 +24,7 @@ from kda_fuzz.campaign.supervisor import candidate_timeout, minimized_detail
 from kda_fuzz.corpus.store import CaseTooLarge, save_failure
 from kda_fuzz.engine.contract import Contract
 from kda_fuzz.engine.oracle import Outcome, run_case
+from kda_fuzz.workers.deadline import Deadline, PastDeadline
 from kda_fuzz.workers.isolate import IsolatedTarget
 
 SAVE_MARGIN = 1.0  # seconds before the deadline at which minimization stops
@@ -46,7 +46,7 @@ class FindingSaver:
     """Minimizes and saves each new distinct failure it is given (``found``), as it comes.
 
     ``corpus`` ``None``: minimized, not saved. ``deadline``: the command's
-    :class:`~kda_fuzz.campaign.deadline.Deadline` (or its end, ``time.monotonic()``): no
+    :class:`~kda_fuzz.workers.deadline.Deadline` (or its end, ``time.monotonic()``): no
     minimization runs past its ``settle`` instant, no worker is waited for past its end
     (what is not minimized by then is saved as found). ``skip``: signatures of failures
     handled elsewhere (replayed from an example database): neither minimized nor saved

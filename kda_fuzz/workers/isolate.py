@@ -22,13 +22,13 @@ from typing import Any, NoReturn
 
 import torch
 
-from kda_fuzz.campaign.deadline import PastDeadline
 from kda_fuzz.engine.case import Case
 from kda_fuzz.engine.contract import Contract
 from kda_fuzz.engine.oracle import EnvironmentFailure, Outcome, device_error, expectation, run_case
 from kda_fuzz.engine.targets import load_target
 from kda_fuzz.engine.verdict import Verdict
 from kda_fuzz.families import get_contract
+from kda_fuzz.workers.deadline import PastDeadline
 from kda_fuzz.workers.process import exit_with_parent, how_it_ended, worker_context, worker_process
 
 

@@ -53,7 +53,7 @@ ERROR_EXIT = 86  # the sanitized process's exit status when the tool reported er
 KEPT_ERRORS = 8  # errors of a report a corpus file keeps (all are counted)
 MAX_CASE_BYTES = 1 << 20  # tensor bytes of a case sampled for the sanitizer (cost, file size)
 KEEP = 16  # cases whose buffers a worker keeps allocated (their addresses stay distinct)
-MARK = "KDA-FUZZ-SANITIZE"  # the worker's marker lines: "MARK BEGIN id", "MARK END id"
+MARK = "kda-fuzz-sanitize"  # the worker's marker lines: "MARK BEGIN id", "MARK END id"
 SETTLE = 0.02  # seconds the tool's lines may lag a case's end marker
 START_TIMEOUT = 600.0  # seconds a sanitized process may take to start
 
