@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from kda_fuzz.corpus.store import replay_command_line, save_case
 from kda_fuzz.engine.case import Case
-from kda_fuzz.engine.oracle import expectation, run_case
+from kda_fuzz.engine.oracle import expectation, ready_on_cpu, run_case
 from kda_fuzz.engine.targets import Target, check_signature, load_target
 from kda_fuzz.engine.verdict import Verdict
 from kda_fuzz.families import get_contract
@@ -47,6 +47,7 @@ def check(target: str | Callable[..., Any], case: Case, *,
 
     ``target`` is a callable with the family's signature or a ``MODULE:CALLABLE`` name."""
     contract = get_contract(case.contract)
+    ready_on_cpu(contract, case)  # (before a MODULE:CALLABLE's module imports its kernels)
     t = _target(target)
     check_signature(t, contract)
     outcome = run_case(contract, case, t.fn, messages=messages, strict=strict)

@@ -359,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-kernels", action="store_true",
                         help="do not replay the seeds on the project's kernels")
     args = parser.parse_args(argv)
-    from kda_fuzz_kernels.kda_decode import configure_cpu
+    from kda_fuzz.execution.cpu import configure_cpu
 
     configure_cpu()
     out = Path(args.out)

@@ -13,17 +13,23 @@ level or inside functions):
 4. ``campaign``: plan, runner, supervised jobs, shards, calibration, minimization.
 5. ``report``: progress display, summaries, the HTML report.
 6. the front ends: ``cli``, ``plugin``, ``config``, ``__main__``.
+
+The kernels under test (``kernels/``, installed as ``kda_fuzz_kernels``) are a plain
+package: they import torch, triton, helion and the standard library, never kda_fuzz (the
+CPU execution hooks are kda_fuzz's, installed from ``kda_fuzz.execution``).
 """
 
 from __future__ import annotations
 
 import ast
 import re
+import sys
 from pathlib import Path
 
 import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "kda_fuzz"
+KERNELS = PKG.parent / "kernels"
 LAYERS = {"engine": 0, "execution": 0, "_version": 0, "_kernels_path": 0, "names": 0,
           "families": 1, "workers": 2, "corpus": 3, "campaign": 4, "report": 5}
 FRONT = 6
@@ -137,3 +143,41 @@ def test_every_module_has_a_layer() -> None:
                    "config", "strategies", "conformance", "show", "names"}, top
     assert {p.name for p in PKG.iterdir() if p.is_dir() and (p / "__init__.py").exists()} \
         == {k for k in LAYERS if not (PKG / f"{k}.py").is_file()}
+
+
+# what a module under kernels/ may import: the kernel libraries, the standard library and
+# the kernels' own package
+KERNEL_IMPORTS = {"torch", "triton", "helion", "kda_fuzz_kernels", "__future__",
+                  *sys.stdlib_module_names}
+
+
+def _imported_names(path: Path) -> set[str]:
+    """Every module a file imports: import statements anywhere (functions included) and
+    ``import_module("...")`` / ``__import__("...")`` calls of a literal name."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            assert not node.level, f"{path}: relative import (imports are absolute here)"
+            found.add(node.module or "")
+        elif isinstance(node, ast.Call) and node.args \
+                and isinstance(node.args[0], ast.Constant) \
+                and isinstance(node.args[0].value, str) \
+                and getattr(node.func, "id", getattr(node.func, "attr", None)) in (
+                    "import_module", "__import__") \
+                and not node.args[0].value.startswith("."):
+            found.add(node.args[0].value)
+    return found
+
+
+@pytest.mark.parametrize("path", sorted(KERNELS.rglob("*.py")),
+                         ids=lambda p: str(p.relative_to(KERNELS)))
+def test_kernels_import_no_fuzzer(path: Path) -> None:
+    """The kernels under test are a package a user could copy: no module under kernels/
+    imports kda_fuzz (the judge imports their reference: that would be a cycle)."""
+    names = _imported_names(path)
+    assert not {n for n in names if n == "kda_fuzz" or n.startswith("kda_fuzz.")}, \
+        f"{path.relative_to(KERNELS.parent)} imports kda_fuzz: {sorted(names)}"
+    other = sorted(n for n in names if n.split(".")[0] not in KERNEL_IMPORTS)
+    assert not other, f"{path.relative_to(KERNELS.parent)} imports {other}"

@@ -2,9 +2,9 @@
 and the classification of CPU failures into environment errors vs. the kernel's own.
 
 The foreign kernels are called exactly as the oracle calls a target (``target(*args)``,
-no help from the project), in the default CPU mode, after ``configure_cpu()`` (which
-``kda_fuzz_kernels.kda_decode`` runs at import). Numerics use ``check_kernel`` of ``test_kernels``
-(float64 reference, same tolerances and semantic checks).
+no help from the project), in the default CPU mode, after ``configure_cpu()`` (which the
+pytest plugin runs for each family, as the project's own kernels need it too). Numerics use
+``check_kernel`` of ``test_kernels`` (float64 reference, same tolerances and semantic checks).
 """
 
 from __future__ import annotations

@@ -15,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import subprocess
+import sys
 from collections.abc import Callable
 
 import pytest
@@ -362,3 +364,23 @@ def test_helion_interpret_env_maps_to_eager(monkeypatch: pytest.MonkeyPatch) -> 
     check_kernel(
         helion_fused_recurrent_kda_packed_decode, make_case(Shape(2, 2, 4, 8, 8, 3, (2, -1)))
     )
+
+
+def test_a_script_runs_the_kernels_on_cpu_without_setting_anything_up() -> None:
+    """The kernels are a plain package (they install no CPU hooks of their own): in a
+    script (no pytest plugin, no command line) the oracle sets CPU execution up before its
+    first CPU case, so the Triton and Helion kernels run there as under the front ends."""
+    code = (
+        "import kda_fuzz\n"
+        "from kda_fuzz.families.kda.layouts import KdaLayout, build\n"
+        "case = build(KdaLayout(B=2, H=1, HV=1, K=4, V=4, seed=0), 'helion')\n"
+        "for name in ('fused_recurrent_kda_packed_decode',\n"
+        "             'helion_fused_recurrent_kda_packed_decode'):\n"
+        "    print(kda_fuzz.check('kda_fuzz_kernels.kda_decode:' + name, case))\n"
+    )
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TRITON_INTERPRET", "HELION_INTERPRET", _execution.ENV_VAR)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["None", "None"], done.stdout + done.stderr

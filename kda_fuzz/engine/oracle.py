@@ -148,6 +148,21 @@ def _error_verdict(contract: Contract, case: Case, exp: Expectation,
     return None
 
 
+_cpu_ready: list[Any] = []  # the contracts' Execution objects set up in this process
+
+
+def ready_on_cpu(contract: Contract, case: Case) -> None:
+    """Set up the contract's CPU execution (``Execution.configure_cpu``) once per process
+    before the first call on a case with tensors on CPU: the front ends do it before they
+    import kernels; this is for every other caller (a script, :func:`kda_fuzz.check`)."""
+    execution = contract.execution
+    if execution is None or any(e is execution for e in _cpu_ready):
+        return
+    if any(t.device.type == "cpu" for t in case.tensors.values()):
+        _cpu_ready.append(execution)
+        execution.configure_cpu()
+
+
 def run_case(contract: Contract, case: Case, target: Callable[..., Any], *,
              messages: Messages = "exact", strict: bool = False,
              guard: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
@@ -164,6 +179,7 @@ def run_case(contract: Contract, case: Case, target: Callable[..., Any], *,
     contract's judge can (``Outcome.budget``). Raises :class:`EnvironmentFailure` when the
     call failed in the execution machinery rather than in the target, and a device fault
     (:func:`device_error`) that surfaces after the target returned."""
+    ready_on_cpu(contract, case)
     exp = expectation(contract, case)
     if exp.ok and case.notes.get("semantic"):
         return Outcome("gap", exp, note="the contract accepts a layout broken by "

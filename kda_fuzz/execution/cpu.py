@@ -22,19 +22,21 @@ One switch, the environment variable ``KDA_FUZZ_CPU_MODE``, read at every launch
 ``eager``
     Helion's reference eager mode (what ``HELION_INTERPRET=1`` selects): the kernel body
     runs as plain torch code. It exercises the kernel's math but not Helion's codegen,
-    and it is trusted for the project's own kernels only (:func:`run_helion`): with a
-    scalar-tensor ``idx``, ``state[idx, hv, tile_v.index, k_offsets]`` reads a diagonal
-    there (silently wrong numbers; stores fail), a pattern real kernels use, so any other
-    Helion kernel raises :class:`ExecutionEnvironmentError` in this mode.
+    and it is trusted for the project's own kernels only (those of the packages in
+    :data:`EAGER_TRUSTED`, and :func:`run_helion`'s): with a scalar-tensor ``idx``,
+    ``state[idx, hv, tile_v.index, k_offsets]`` reads a diagonal there (silently wrong
+    numbers; stores fail), a pattern real kernels use, so any other Helion kernel raises
+    :class:`ExecutionEnvironmentError` in this mode.
 
-Kernels written elsewhere. :func:`configure_cpu` hooks Helion's ``Kernel.__call__`` /
+Every kernel, the project's own included (``kda_fuzz_kernels`` is a plain package that
+calls its kernels as anyone would). :func:`configure_cpu` hooks Helion's ``Kernel.__call__`` /
 ``BoundKernel.__call__``, Triton's ``JITFunction.run``, ``InterpretedFunction.run`` and
 ``Autotuner.run`` (as soon as each module is imported; helion is never imported here).
 From then on, any ``@helion.kernel`` called on CPU tensors runs as above, and any
 ``@triton.jit`` kernel launched on CPU tensors runs under the same patched interpreter,
 whatever the order of ``TRITON_INTERPRET`` and imports (``@triton.autotune``: its first
-config). The project's own launches (:func:`launch_triton`,
-:func:`run_helion`) go straight to the interpreter. :func:`environment_error` tells a
+config). kda-fuzz's own launches (:func:`launch_triton`, :func:`run_helion`) go
+straight to the interpreter. :func:`environment_error` tells a
 failure of this machinery (an interpreter gap, a GPU driver asked for on CPU, ...) from
 an error of the kernel's own, so that the former stops a campaign instead of becoming a
 verdict.
@@ -49,9 +51,9 @@ float16 rounds to nearest even), and bf16 for kernels that upcast loads before c
 (the contract's "all arithmetic in float32", as all kernels here do): bf16 loads, casts
 and stores are then bit-exact with a GPU (NaN payloads aside). Kernels that compute in
 bf16 cannot be judged on CPU (environment error, never a verdict). The project's own
-kernels additionally stage bf16 outputs through float32 scratch
-(:func:`stage_bf16_outputs`, from before these patches; same result). The ``eager`` path
-is torch code and covers fp32, fp16 and bf16.
+kernels additionally stage bf16 outputs through float32 scratch on CPU tensors
+(``kda_fuzz_kernels.kda_decode.staging``, from before these patches; same result). The
+``eager`` path is torch code and covers fp32, fp16 and bf16.
 
 ``HELION_INTERPRET=1`` cannot be combined with ``TRITON_INTERPRET=1`` (Helion raises
 ``IncompatibleInterpretModes`` whenever a ``Settings()`` reads both). The kernels here
@@ -138,11 +140,6 @@ _inside: contextvars.ContextVar[bool] = contextvars.ContextVar("kda_fuzz_inside"
 
 def _on_cpu(values: Any) -> bool:
     return any(isinstance(v, torch.Tensor) and v.device.type == "cpu" for v in values)
-
-
-def uses_interpreter(t: torch.Tensor) -> bool:
-    """True when a kernel launched on ``t`` runs under the Triton interpreter."""
-    return t.device.type == "cpu"
 
 
 # --- hand-written Triton kernels -------------------------------------------------------
@@ -244,8 +241,8 @@ def _generated_code_gap(exc: BaseException) -> str | None:
 
 
 def run_helion(kernel: Any, args: Sequence[Any]) -> Any:
-    """Run one of the project's ``@helion.kernel``: compiled on GPU, per ``cpu_mode()`` on
-    CPU (eager mode is trusted for the project's own kernels only)."""
+    """Run a trusted ``@helion.kernel``: compiled on GPU, per ``cpu_mode()`` on CPU (eager
+    mode is trusted for the project's own kernels only: :func:`trusted_in_eager`)."""
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     if not tensors or tensors[0].device.type != "cpu":
         return kernel(*args)
@@ -260,8 +257,22 @@ def run_helion(kernel: Any, args: Sequence[Any]) -> Any:
         _inside.reset(token)
 
 
-def _foreign_helion(kernel: Any, args: Sequence[Any]) -> Any:
-    """Any other Helion kernel called on CPU tensors after :func:`configure_cpu`."""
+# The packages whose Helion kernels eager mode runs (the project's own: they index the
+# pool with a one-element tile, never the scalar that eager mode reads as a diagonal).
+EAGER_TRUSTED: tuple[str, ...] = ("kda_fuzz_kernels",)
+
+
+def trusted_in_eager(kernel: Any) -> bool:
+    """Whether ``kernel``'s function belongs to a package of :data:`EAGER_TRUSTED`."""
+    module = str(getattr(getattr(kernel, "fn", None), "__module__", None) or "")
+    return module.split(".")[0] in EAGER_TRUSTED
+
+
+def _called_helion(kernel: Any, args: Sequence[Any]) -> Any:
+    """A Helion kernel called on CPU tensors after :func:`configure_cpu`: the project's own
+    as :func:`run_helion` runs it, any other refused in eager mode."""
+    if trusted_in_eager(kernel):
+        return run_helion(kernel, args)
     if cpu_mode() == "eager":
         raise ExecutionEnvironmentError(EAGER_REFUSAL)
     return _generated_triton_on_cpu(kernel, args)
@@ -275,15 +286,15 @@ def _hook_helion(module: Any) -> None:
         def call_kernel(self: Any, *args: Any, **kwargs: Any) -> Any:
             if _inside.get() or not _on_cpu((*args, *kwargs.values())):
                 return kernel_call(self, *args, **kwargs)
-            return _foreign_helion(self, self.normalize_args(*args, **kwargs) if kwargs
-                                   else args)
+            return _called_helion(self, self.normalize_args(*args, **kwargs) if kwargs
+                                  else args)
         return call_kernel
 
     def on_bound(bound_call: Any) -> Any:
         def call_bound(self: Any, *args: Any) -> Any:
             if _inside.get() or not _on_cpu(args):
                 return bound_call(self, *args)
-            return _foreign_helion(self.kernel, args)
+            return _called_helion(self.kernel, args)
         return call_bound
 
     wrap_once(module.Kernel, "__call__", on_kernel)
@@ -302,8 +313,15 @@ def _hook_jit(module: Any) -> None:
 
 
 def _hook_interpreter(module: Any) -> None:
+    """An ``InterpretedFunction`` (a ``@triton.jit`` kernel defined under
+    ``TRITON_INTERPRET=1``) launched on CPU tensors runs as a ``JITFunction`` does here
+    (:func:`_run_interpreted`); its launches from inside this module get the patches."""
     def on_run(run: Any) -> Any:
         def hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if "grid" in kwargs and not kwargs.get("warmup") and not _inside.get() \
+                    and _on_cpu((*args, *kwargs.values())):
+                meta = {k: v for k, v in kwargs.items() if k not in ("grid", "warmup")}
+                return _run_interpreted(self, kwargs["grid"], args, meta)
             with _interpreter_context(self):
                 return run(self, *args, **kwargs)
         return hooked
@@ -847,33 +865,3 @@ def environment_error(exc: BaseException) -> str | None:
         if cause is not None:
             return cause
     return None
-
-
-@contextlib.contextmanager
-def stage_bf16_outputs(
-    out: torch.Tensor, state: torch.Tensor, indices: torch.Tensor, enabled: bool = True
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Yield ``(out, state)`` to launch on, staging bf16 ones through float32 scratch.
-
-    The interpreter casts float32 -> bf16 by truncation; staging lets torch do the final
-    cast with round-to-nearest-even, as the GPU does. The state scratch keeps the pool's
-    strides (so stride handling stays exercised) and only the slots named by an in-range
-    index travel in and out; other slots stay bit-identical. With
-    ``enabled=False`` (compiled GPU launches) the caller's tensors are yielded as they are.
-    """
-    stage_out = enabled and out.dtype == torch.bfloat16
-    stage_state = enabled and state.dtype == torch.bfloat16
-    if not (stage_out or stage_state):
-        yield out, state
-        return
-    out_k = torch.empty(out.shape, dtype=torch.float32) if stage_out else out
-    state_k, slots = state, None
-    if stage_state:
-        state_k = torch.empty_strided(state.shape, state.stride(), dtype=torch.float32)
-        slots = indices[(indices >= 0) & (indices < state.shape[0])].to(torch.long)
-        state_k[slots] = state[slots].to(torch.float32)
-    yield out_k, state_k
-    if stage_out:
-        out.copy_(out_k)
-    if slots is not None:
-        state[slots] = state_k[slots].to(torch.bfloat16)

@@ -1,20 +1,13 @@
 """Packed GDN (gated delta rule) decode: validation, torch reference, Helion and Triton
-kernels. The sibling of ``kda_fuzz_kernels.kda_decode`` (spec section 3, last paragraph).
-
-CPU execution reuses the KDA package's machinery (``kda_fuzz.execution.cpu``,
-selected by ``KDA_FUZZ_CPU_MODE``); ``configure_cpu()`` runs here, before any kernel
-module is imported, exactly as in ``kda_fuzz_kernels.kda_decode``.
+kernels. The sibling of ``kda_fuzz_kernels.kda_decode`` (spec section 3, last paragraph),
+a plain package like it (it runs on CPU tensors the same way).
 """
 
 from importlib import import_module
 from typing import Any
 
-from kda_fuzz.execution.cpu import CPU_MODES, configure_cpu, cpu_mode
-
-configure_cpu()
-
-from kda_fuzz_kernels.gdn_decode.reference import gdn_decode_terms, reference_gdn_packed_decode  # noqa: E402
-from kda_fuzz_kernels.gdn_decode.validate import validate_gdn_packed_decode_inputs  # noqa: E402
+from kda_fuzz_kernels.gdn_decode.reference import gdn_decode_terms, reference_gdn_packed_decode
+from kda_fuzz_kernels.gdn_decode.validate import validate_gdn_packed_decode_inputs
 
 # The kernels import triton and helion (seconds); they load on first use, so that the
 # reference and the validator stay cheap to import. The short names are aliases.
@@ -41,9 +34,6 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "CPU_MODES",
-    "configure_cpu",
-    "cpu_mode",
     "fused_recurrent_gated_delta_rule_packed_decode",
     "gdn_decode_terms",
     "gdn_packed_decode",

@@ -13,8 +13,8 @@ import helion.language as hl
 import torch
 from helion.runtime.ref_mode import RefMode
 
-from kda_fuzz.execution.cpu import cpu_mode, run_helion, stage_bf16_outputs, uses_interpreter
 from kda_fuzz_kernels.gdn_decode.validate import validate_gdn_packed_decode_inputs
+from kda_fuzz_kernels.kda_decode.staging import stage_bf16_outputs
 
 
 def _gdn_packed_decode(
@@ -67,7 +67,7 @@ def _gdn_packed_decode(
 
 
 # ref_mode explicit: HELION_INTERPRET / TRITON_INTERPRET in the environment never change
-# this kernel; how it runs on CPU is chosen by kda_fuzz.execution.cpu.
+# this kernel; how it runs on CPU tensors is the harness's choice (as for the KDA kernel).
 _SETTINGS = dict(static_shapes=True, config=helion.Config(num_warps=2, num_stages=1),
                  ref_mode=RefMode.OFF)
 gdn_packed_decode_kernel = helion.kernel(**_SETTINGS)(_gdn_packed_decode)
@@ -107,28 +107,25 @@ def helion_fused_recurrent_gated_delta_rule_packed_decode(
     if B == 0:
         return out, initial_state
     G = HV // H
-    cpu = uses_interpreter(mixed_qkv)
+    cpu = mixed_qkv.device.type == "cpu"
     # CPU: one V block per program. GPU: [block_v, K] tiles of about 2048 elements.
     block_v = V if cpu else min(V, max(1, 2048 // K))
-    interpreted = cpu and cpu_mode() == "triton"
-    with stage_bf16_outputs(out, initial_state, ssm_state_indices, interpreted) as (o, st):
+    with stage_bf16_outputs(out, initial_state, ssm_state_indices, cpu) as (o, st):
         wide = max(_reach(t) for t in (mixed_qkv, a, b, st, o)) >= INT32_REACH
-        run_helion(
-            gdn_packed_decode_kernel_i64 if wide else gdn_packed_decode_kernel,
-            (
-                mixed_qkv[:, : H * K].unflatten(1, (H, K)),
-                mixed_qkv[:, H * K : 2 * H * K].unflatten(1, (H, K)),
-                mixed_qkv[:, 2 * H * K : 2 * H * K + HV * V].unflatten(1, (H, G, V)),
-                a.unflatten(1, (H, G)),
-                b.unflatten(1, (H, G)),
-                A_log.unflatten(0, (H, G)),
-                dt_bias.unflatten(0, (H, G)),
-                st.unflatten(1, (H, G)),
-                o.view(B, H, G, V),
-                ssm_state_indices,
-                float(scale),
-                bool(use_qk_l2norm_in_kernel),
-                block_v,
-            ),
+        kernel = gdn_packed_decode_kernel_i64 if wide else gdn_packed_decode_kernel
+        kernel(
+            mixed_qkv[:, : H * K].unflatten(1, (H, K)),
+            mixed_qkv[:, H * K : 2 * H * K].unflatten(1, (H, K)),
+            mixed_qkv[:, 2 * H * K : 2 * H * K + HV * V].unflatten(1, (H, G, V)),
+            a.unflatten(1, (H, G)),
+            b.unflatten(1, (H, G)),
+            A_log.unflatten(0, (H, G)),
+            dt_bias.unflatten(0, (H, G)),
+            st.unflatten(1, (H, G)),
+            o.view(B, H, G, V),
+            ssm_state_indices,
+            float(scale),
+            bool(use_qk_l2norm_in_kernel),
+            block_v,
         )
     return out, initial_state

@@ -12,8 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kda_fuzz.execution.cpu import launch_triton, stage_bf16_outputs, uses_interpreter
 from kda_fuzz_kernels.gdn_decode.validate import validate_gdn_packed_decode_inputs
+from kda_fuzz_kernels.kda_decode.staging import stage_bf16_outputs
 
 
 @triton.jit
@@ -116,7 +116,7 @@ def fused_recurrent_gated_delta_rule_packed_decode(
     )
     if B == 0:
         return out, initial_state
-    interpret = uses_interpreter(mixed_qkv)
+    interpret = mixed_qkv.device.type == "cpu"  # (runs under the Triton interpreter)
     BK = triton.next_power_of_2(K)
     # CPU: the whole of V in one program. GPU: [BV, BK] tiles of about 2048 elements,
     # one warp each (the KDA kernel's measured sweet spot; the state traffic is the same).
@@ -127,10 +127,7 @@ def fused_recurrent_gated_delta_rule_packed_decode(
         num_warps = 1 if BK * BV <= 2048 else 4
     grid = (B * HV, triton.cdiv(V, BV))
     with stage_bf16_outputs(out, initial_state, ssm_state_indices, interpret) as (out_k, state_k):
-        launch_triton(
-            _gdn_packed_decode_kernel,
-            grid,
-            mixed_qkv.device,
+        _gdn_packed_decode_kernel[grid](
             mixed_qkv,
             a,
             b,

@@ -1,20 +1,16 @@
 """Packed KDA decode: validation, torch reference, Helion and Triton kernels.
 
-CPU execution (no GPU) is selected by ``KDA_FUZZ_CPU_MODE``; see ``_execution``.
-``configure_cpu()`` runs here, before any kernel module is imported, so that
-``TRITON_INTERPRET=1`` is exported on machines without CUDA (our own kernels do not need
-it, third-party Triton kernels imported later do).
+A plain package (torch, triton and helion, nothing of the fuzzer): it can be copied as it
+is. On CPU tensors the Triton kernel needs the Triton interpreter and the Helion kernel a
+harness that runs Helion there; kda-fuzz installs its hooks before it calls a target
+(``kda_fuzz.execution.cpu.configure_cpu()``, ``KDA_FUZZ_CPU_MODE`` choosing Helion's way).
 """
 
 from importlib import import_module
 from typing import Any
 
-from kda_fuzz.execution.cpu import CPU_MODES, configure_cpu, cpu_mode
-
-configure_cpu()
-
-from kda_fuzz_kernels.kda_decode.reference import reference_kda_packed_decode  # noqa: E402
-from kda_fuzz_kernels.kda_decode.validate import validate_packed_decode_inputs  # noqa: E402
+from kda_fuzz_kernels.kda_decode.reference import reference_kda_packed_decode
+from kda_fuzz_kernels.kda_decode.validate import validate_packed_decode_inputs
 
 # The kernels import triton and helion (seconds); they load on first use, so that the
 # reference and the validator (what the fuzzer's oracle needs) stay cheap to import.
@@ -33,9 +29,6 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
-    "CPU_MODES",
-    "configure_cpu",
-    "cpu_mode",
     "fused_recurrent_kda_packed_decode",
     "helion_fused_recurrent_kda_packed_decode",
     "kda_packed_decode",

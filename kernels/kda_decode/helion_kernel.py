@@ -13,7 +13,7 @@ import helion.language as hl
 import torch
 from helion.runtime.ref_mode import RefMode
 
-from kda_fuzz.execution.cpu import cpu_mode, run_helion, stage_bf16_outputs, uses_interpreter
+from kda_fuzz_kernels.kda_decode.staging import stage_bf16_outputs
 from kda_fuzz_kernels.kda_decode.validate import validate_packed_decode_inputs
 
 
@@ -74,7 +74,8 @@ def _kda_packed_decode(
 
 
 # ref_mode is explicit so that HELION_INTERPRET / TRITON_INTERPRET in the environment never
-# change (or, set together, break) this kernel; CPU execution is chosen in _execution.
+# change (or, set together, break) this kernel; how it runs on CPU tensors is the
+# harness's choice (kda-fuzz hooks Helion's calls: the interpreter or Helion's eager mode).
 _SETTINGS = dict(static_shapes=True, config=helion.Config(num_warps=2, num_stages=1),
                  ref_mode=RefMode.OFF)
 kda_packed_decode_kernel = helion.kernel(**_SETTINGS)(_kda_packed_decode)
@@ -115,31 +116,28 @@ def helion_fused_recurrent_kda_packed_decode(
     if B == 0:
         return out, initial_state
     G = HV // H
-    cpu = uses_interpreter(mixed_qkv)
+    cpu = mixed_qkv.device.type == "cpu"
     # CPU: one V block per program. GPU: [block_v, K] tiles of about 2048 elements on two
     # warps, the fastest of a small sweep on an H200 (B=128, H=HV=16, K=V=128).
     block_v = V if cpu else min(V, max(1, 2048 // K))
-    interpreted = cpu and cpu_mode() == "triton"
-    with stage_bf16_outputs(out, initial_state, ssm_state_indices, interpreted) as (o, st):
+    with stage_bf16_outputs(out, initial_state, ssm_state_indices, cpu) as (o, st):
         wide = max(_reach(t) for t in (mixed_qkv, a, b, st, o)) >= INT32_REACH
-        run_helion(
-            kda_packed_decode_kernel_i64 if wide else kda_packed_decode_kernel,
-            (
-                mixed_qkv[:, : H * K].unflatten(1, (H, K)),
-                mixed_qkv[:, H * K : 2 * H * K].unflatten(1, (H, K)),
-                mixed_qkv[:, 2 * H * K : 2 * H * K + HV * V].unflatten(1, (H, G, V)),
-                a.unflatten(1, (H, G, K)),
-                b.unflatten(1, (H, G)),
-                A_log.unflatten(0, (H, G)),
-                dt_bias.unflatten(0, (H, G, K)).expand(B, H, G, K),
-                st.unflatten(1, (H, G)),
-                o.view(B, H, G, V),
-                ssm_state_indices,
-                float(scale),
-                0.0 if lower_bound is None else float(lower_bound),
-                bool(use_qk_l2norm_in_kernel),
-                lower_bound is not None,
-                block_v,
-            ),
+        kernel = kda_packed_decode_kernel_i64 if wide else kda_packed_decode_kernel
+        kernel(
+            mixed_qkv[:, : H * K].unflatten(1, (H, K)),
+            mixed_qkv[:, H * K : 2 * H * K].unflatten(1, (H, K)),
+            mixed_qkv[:, 2 * H * K : 2 * H * K + HV * V].unflatten(1, (H, G, V)),
+            a.unflatten(1, (H, G, K)),
+            b.unflatten(1, (H, G)),
+            A_log.unflatten(0, (H, G)),
+            dt_bias.unflatten(0, (H, G, K)).expand(B, H, G, K),
+            st.unflatten(1, (H, G)),
+            o.view(B, H, G, V),
+            ssm_state_indices,
+            float(scale),
+            0.0 if lower_bound is None else float(lower_bound),
+            bool(use_qk_l2norm_in_kernel),
+            lower_bound is not None,
+            block_v,
         )
     return out, initial_state

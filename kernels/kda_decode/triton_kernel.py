@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kda_fuzz.execution.cpu import launch_triton, stage_bf16_outputs, uses_interpreter
+from kda_fuzz_kernels.kda_decode.staging import stage_bf16_outputs
 from kda_fuzz_kernels.kda_decode.validate import validate_packed_decode_inputs
 
 
@@ -123,7 +123,7 @@ def fused_recurrent_kda_packed_decode(
     )
     if B == 0:
         return out, initial_state
-    interpret = uses_interpreter(mixed_qkv)
+    interpret = mixed_qkv.device.type == "cpu"  # (runs under the Triton interpreter)
     BK = triton.next_power_of_2(K)
     # CPU: one V block per program (fewer, larger programs). GPU: [BV, BK] tiles of about
     # 2048 elements on one warp; on an H200 at B=128, H=HV=16, K=V=128 this streams the
@@ -135,10 +135,7 @@ def fused_recurrent_kda_packed_decode(
         num_warps = 1 if BK * BV <= 2048 else 4
     grid = (B * HV, triton.cdiv(V, BV))
     with stage_bf16_outputs(out, initial_state, ssm_state_indices, interpret) as (out_k, state_k):
-        launch_triton(
-            _kda_packed_decode_kernel,
-            grid,
-            mixed_qkv.device,
+        _kda_packed_decode_kernel[grid](
             mixed_qkv,
             a,
             b,
