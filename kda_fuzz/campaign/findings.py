@@ -207,14 +207,7 @@ class FindingSaver:
                 self._live.add(iso)
             try:
                 def run(case: Any) -> Outcome:
-                    self._check()
-                    try:
-                        outcome = iso.run(case)
-                    except PastDeadline:
-                        self.request(Stop(ExitReason.DEADLINE))
-                        raise _Cut from None
-                    self._check()  # a worker killed by ``cut`` is no crash of the target
-                    return outcome
+                    return self._run_cut(iso, case)
 
                 def proven(case: Any) -> bool:
                     return self._proven_hang(iso, case)
@@ -232,16 +225,22 @@ class FindingSaver:
             return False  # no time to prove it: the proven case as found is kept
         limit, iso.timeout = iso.timeout, self.timeout
         try:
-            self._check()
-            try:
-                outcome = iso.run(case)
-            except PastDeadline:
-                self.request(Stop(ExitReason.DEADLINE))
-                raise _Cut from None
-            self._check()
+            outcome = self._run_cut(iso, case)
         finally:
             iso.timeout = limit
         return outcome.verdict is not None and outcome.verdict.kind == "timeout"
+
+    def _run_cut(self, iso: IsolatedTarget, case: Any) -> Outcome:
+        """``iso.run(case)``, ended by ``_Cut`` when the saver is cut or the deadline
+        passes (a worker killed by the cut is no crash of the target)."""
+        self._check()
+        try:
+            outcome = iso.run(case)
+        except PastDeadline:
+            self.request(Stop(ExitReason.DEADLINE))
+            raise _Cut from None
+        self._check()
+        return outcome
 
     def _minimize(self, f: Failure, run: Callable[[Any], Outcome],
                   proven: Callable[[Any], bool] | None = None) -> None:

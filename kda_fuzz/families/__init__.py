@@ -141,8 +141,6 @@ def family_options(extra: tuple[str, ...] = ()) -> list[Knobs]:
     (``MODULE:ATTRIBUTE`` of :class:`~kda_fuzz.engine.knobs.Knobs`: a project's
     ``family_options``) and of the entry-point group ``kda_fuzz.family_options``; imports
     no contract. Raises ``ValueError`` for one that cannot be loaded."""
-    from kda_fuzz.engine.knobs import Knobs
-
     specs = [*OPTIONS.values(), *extra]
     try:
         specs += [ep.value for ep in metadata.entry_points(group=OPTION_ENTRY_POINTS)]
@@ -150,16 +148,25 @@ def family_options(extra: tuple[str, ...] = ()) -> list[Knobs]:
         pass
     out: list[Knobs] = []
     for spec in dict.fromkeys(specs):
-        try:
-            obj = import_object(spec, "ATTRIBUTE")
-        except TargetError as e:
-            raise ValueError(f"cannot load family options {spec!r}: {e}") from e
-        if not isinstance(obj, Knobs):
-            raise ValueError(f"family options {spec!r} are a {type(obj).__name__}, not "
-                             "kda_fuzz Knobs")
+        obj = _load_knobs(spec)
         if obj not in out:
             out.append(obj)
     return out
+
+
+def _load_knobs(spec: str) -> Any:
+    """The :class:`~kda_fuzz.engine.knobs.Knobs` that ``MODULE:ATTRIBUTE`` names;
+    ``ValueError`` saying what is wrong."""
+    from kda_fuzz.engine.knobs import Knobs
+
+    try:
+        obj = import_object(spec, "ATTRIBUTE")
+    except TargetError as e:
+        raise ValueError(f"cannot load family options {spec!r}: {e}") from e
+    if not isinstance(obj, Knobs):
+        raise ValueError(f"family options {spec!r} are a {type(obj).__name__}, not "
+                         "kda_fuzz Knobs")
+    return obj
 
 
 def option_owners(named: Mapping[str, str] | None = None) -> dict[str, tuple[str, ...]]:
@@ -168,18 +175,9 @@ def option_owners(named: Mapping[str, str] | None = None) -> dict[str, tuple[str
     ``MODULE:ATTRIBUTE`` of its :class:`~kda_fuzz.engine.knobs.Knobs`: a project's
     ``family_options`` table); imports no contract. Raises ``ValueError`` for options
     that cannot be loaded."""
-    from kda_fuzz.engine.knobs import Knobs
-
     owners: dict[str, list[str]] = {}
     for family, spec in {**OPTIONS, **(named or {})}.items():
-        try:
-            knobs = import_object(spec, "ATTRIBUTE")
-        except TargetError as e:
-            raise ValueError(f"cannot load family options {spec!r}: {e}") from e
-        if not isinstance(knobs, Knobs):
-            raise ValueError(f"family options {spec!r} are a {type(knobs).__name__}, not "
-                             "kda_fuzz Knobs")
-        for k in knobs.options:
+        for k in _load_knobs(spec).options:
             owners.setdefault(k.flag, []).append(family)
     return {flag: tuple(names) for flag, names in owners.items()}
 
