@@ -54,9 +54,10 @@ def check(target: str | Callable[..., Any], case: Case, *,
     return outcome.verdict if outcome.status == "fail" else None
 
 
-def failure_report(target: str, case: Case, verdict: Verdict, saved: Path | None = None
-                   ) -> str:
-    """The CLI's report of one failure: what broke, the layout, how to reproduce it."""
+def failure_report(target: str, case: Case, verdict: Verdict, saved: Path | None = None,
+                   save_dir: Path | None = None) -> str:
+    """The CLI's report of one failure: what broke, the layout, how to reproduce it
+    (``save_dir``: where the plugin will save the test's minimal failing case)."""
     lines = [f"FAILURE in {target} ({label(case.contract, case.variant)})",
              f"  {verdict.summary()}",
              f"  expected: {_expected(case)}",
@@ -65,6 +66,9 @@ def failure_report(target: str, case: Case, verdict: Verdict, saved: Path | None
         lines += [f"  saved: {saved}",
                   "  reproduce: " + replay_command_line(target, saved, variant=case.variant,
                                                         family=case.contract)]
+    elif save_dir is not None:
+        lines.append(f"  (the test's minimal failing case is saved under {save_dir} when the "
+                     "test ends)")
     else:
         lines.append("  (run pytest with --kda-save-failures DIR to keep the case as a "
                      "corpus file)")
@@ -86,7 +90,7 @@ def assert_conforms(target: str | Callable[..., Any], case: Case, *,
         return
     if SAVE_DIR is not None:  # the plugin saves the last one when the test fails
         PENDING["failure"] = (t.name, case, verdict)
-    raise AssertionError(failure_report(t.name, case, verdict))
+    raise AssertionError(failure_report(t.name, case, verdict, save_dir=SAVE_DIR))
 
 
 def save_pending(directory: Path, test: str) -> tuple[Path, str, str, str] | None:
