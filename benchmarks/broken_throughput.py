@@ -19,8 +19,8 @@ import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from kda_fuzz.campaign.runner import load_target
 from kda_fuzz.engine.oracle import expectation, run_case
+from kda_fuzz.engine.targets import load_target
 from kda_fuzz.families import get_contract
 
 

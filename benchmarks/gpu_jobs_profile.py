@@ -29,8 +29,10 @@ def _job(i: int, n: int, args: argparse.Namespace, out: str, start: Any, census:
     import torch
     from profile_campaign import shaping  # (this script's folder is on sys.path)
 
-    from kda_fuzz.campaign.runner import Campaign, CampaignOptions, Recorder, load_target
+    from kda_fuzz.campaign.runner import Campaign, Recorder
+    from kda_fuzz.campaign.spec import CampaignOptions
     from kda_fuzz.campaign.supervisor import _SharedRecorder
+    from kda_fuzz.engine.targets import load_target
     from kda_fuzz.families import get_contract
 
     target = load_target(args.target)

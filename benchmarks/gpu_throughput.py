@@ -35,7 +35,8 @@ from typing import Any
 
 import torch
 
-from kda_fuzz.campaign.runner import Target, campaign, load_target
+from kda_fuzz.campaign.runner import campaign
+from kda_fuzz.engine.targets import Target, load_target
 from kda_fuzz.families import get_contract
 from kda_fuzz.report.progress import time_shares
 

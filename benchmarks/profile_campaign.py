@@ -13,7 +13,8 @@ import pstats
 from collections import Counter
 from typing import Any
 
-from kda_fuzz.campaign.runner import campaign, load_target
+from kda_fuzz.campaign.runner import campaign
+from kda_fuzz.engine.targets import load_target
 from kda_fuzz.families import get_contract
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from kda_fuzz.campaign.minimize import minimize_with_verdict
-from kda_fuzz.campaign.runner import Failure
+from kda_fuzz.campaign.results import Failure
 from kda_fuzz.corpus.store import encoded_size, load_case, save_failure
 from kda_fuzz.engine.oracle import run_case
 from kda_fuzz.families import get_contract

@@ -505,7 +505,7 @@ def _config() -> Any:
 def _loaded(specs: list[str], contract: Any) -> list[Any]:
     """Each ``MODULE:CALLABLE`` imported and checked against the contract's signature
     (a usage error when one cannot be)."""
-    from kda_fuzz.campaign.runner import TargetError, check_signature, load_target
+    from kda_fuzz.engine.targets import TargetError, check_signature, load_target
 
     try:
         targets = [load_target(t) for t in specs]
@@ -593,7 +593,7 @@ def _start_line(args: argparse.Namespace, jobs: int) -> str:
 
 def _supervisor(args: argparse.Namespace, names: tuple[list[str], list[str]], jobs: int,
                 options: dict[str, Any]) -> Any:
-    from kda_fuzz.campaign.runner import CampaignOptions
+    from kda_fuzz.campaign.spec import CampaignOptions
     from kda_fuzz.campaign.supervisor import Supervisor
 
     return Supervisor(args.family, args.contract, names[0], jobs, peers=names[1],
@@ -624,7 +624,8 @@ def _fuzz(args: argparse.Namespace, signals: Any = None) -> int:
     :class:`~kda_fuzz.campaign.interrupt.Signals`; ``None``: its own, for the whole command)."""
     from kda_fuzz.campaign.findings import FindingSaver
     from kda_fuzz.campaign.interrupt import Signals
-    from kda_fuzz.campaign.runner import CampaignOptions, share_of
+    from kda_fuzz.campaign.plan import share_of
+    from kda_fuzz.campaign.spec import CampaignOptions
     from kda_fuzz.corpus.store import replay_command_line
     from kda_fuzz.report.progress import Progress
     from kda_fuzz.workers.deadline import Deadline
@@ -772,7 +773,8 @@ def _in_process(args: argparse.Namespace, contract: Any, targets: list[Any], pee
     ``kill`` instant, a watchdog thread wraps the command up with what was found so far (every
     failure saved, as found where it was not minimized: ``wrap_up(report)``, the exit
     code) and ends the process; the call is left where it is."""
-    from kda_fuzz.campaign.runner import Campaign, CampaignOptions
+    from kda_fuzz.campaign.runner import Campaign
+    from kda_fuzz.campaign.spec import CampaignOptions
     from kda_fuzz.workers.deadline import Watchdog
 
     by_name = {t.name: t for t in [*targets, *peers]}
@@ -844,7 +846,7 @@ def _wrap_up(args: argparse.Namespace, contract: Any, report: Any, new: list[Any
              db: Any, replay: Any, signals: Any) -> int:
     """Save what is not saved yet, the example database, the report and the summary; the
     exit code."""
-    from kda_fuzz.campaign.runner import require_executed
+    from kda_fuzz.campaign.results import require_executed
 
     report.notes[:0] = report_notes
     stop = signals.stop

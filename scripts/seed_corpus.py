@@ -28,10 +28,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from kda_fuzz.campaign.minimize import minimize  # noqa: E402
-from kda_fuzz.campaign.runner import default_targets  # noqa: E402
 from kda_fuzz.corpus.store import save_case  # noqa: E402
 from kda_fuzz.engine.case import Case, TensorArg  # noqa: E402
 from kda_fuzz.engine.oracle import run_case  # noqa: E402
+from kda_fuzz.engine.targets import default_targets  # noqa: E402
 from kda_fuzz.engine.verdict import Verdict  # noqa: E402
 from kda_fuzz.families import get_contract  # noqa: E402
 from kda_fuzz.families.kda.layouts import KdaLayout, Values, build, strided_arg  # noqa: E402

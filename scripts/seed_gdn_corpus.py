@@ -17,10 +17,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from kda_fuzz.campaign.minimize import minimize_with_verdict  # noqa: E402
-from kda_fuzz.campaign.runner import Target, campaign  # noqa: E402
+from kda_fuzz.campaign.runner import campaign  # noqa: E402
 from kda_fuzz.corpus.store import save_failure  # noqa: E402
 from kda_fuzz.engine.oracle import run_case  # noqa: E402
-from kda_fuzz.engine.targets import load_target  # noqa: E402
+from kda_fuzz.engine.targets import Target, load_target  # noqa: E402
 from kda_fuzz.families import get_contract  # noqa: E402
 from tests import gdn_mutants  # noqa: E402
 

@@ -254,7 +254,7 @@ def test_pytest_short_summary_names_the_failure(pytester: pytest.Pytester) -> No
 def test_the_summary_table_does_not_cut_target_names() -> None:
     import io
 
-    from kda_fuzz.campaign.runner import Report
+    from kda_fuzz.campaign.results import Report
     from kda_fuzz.report.progress import print_summary
 
     name = "a_rather_long_package.with_submodules.decode:fused_recurrent_kda_packed_decode_v2"

@@ -25,7 +25,7 @@ import torch
 import kda_fuzz_kernels.kda_decode.helion_kernel
 import kda_fuzz_kernels.kda_decode.triton_kernel  # noqa: F401
 from kda_fuzz.campaign.minimize import minimize, minimize_with_verdict
-from kda_fuzz.campaign.runner import Failure, fingerprint
+from kda_fuzz.campaign.results import Failure
 from kda_fuzz.cli import main as cli_main
 from kda_fuzz.corpus import store as corpus
 from kda_fuzz.corpus.store import (
@@ -37,7 +37,7 @@ from kda_fuzz.corpus.store import (
     load_case,
     save_case,
 )
-from kda_fuzz.engine.case import Case, TensorArg
+from kda_fuzz.engine.case import Case, TensorArg, fingerprint
 from kda_fuzz.engine.oracle import expectation, run_case
 from kda_fuzz.engine.verdict import Verdict
 from kda_fuzz.families import get_contract

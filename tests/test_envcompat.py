@@ -13,8 +13,10 @@ import torch
 import triton
 import triton.language as tl
 
-from kda_fuzz.campaign.runner import Report, Target, campaign, require_executed
+from kda_fuzz.campaign.results import Report, require_executed
+from kda_fuzz.campaign.runner import campaign
 from kda_fuzz.engine.oracle import EnvironmentFailure
+from kda_fuzz.engine.targets import Target
 from kda_fuzz.execution import compiles
 from kda_fuzz.execution import cpu as _execution
 from kda_fuzz.execution.cpu import ExecutionEnvironmentError

@@ -20,7 +20,8 @@ from rich.console import Console
 
 from kda_fuzz.campaign.channel import ExitReason, JobFound, JobProgress, JobRepeat, Stop
 from kda_fuzz.campaign.interrupt import Interrupted, Signals
-from kda_fuzz.campaign.runner import CampaignOptions, Failure, Report
+from kda_fuzz.campaign.results import Failure, Report
+from kda_fuzz.campaign.spec import CampaignOptions
 from kda_fuzz.campaign.supervisor import JobError, Supervisor
 from kda_fuzz.report.progress import Progress
 
@@ -292,7 +293,8 @@ def test_a_minimization_cut_short_saves_the_case_as_found_and_marked(tmp_path: P
     """What Ctrl-C during a minimization leaves (the slow tier's SIGINT case runs it end to
     end): the failure is saved as found, its description and origin say why."""
     from kda_fuzz.campaign.findings import FindingSaver
-    from kda_fuzz.campaign.runner import Target, campaign
+    from kda_fuzz.campaign.runner import campaign
+    from kda_fuzz.engine.targets import Target
     from kda_fuzz.families import get_contract
     from tests import mutants
 

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kda_fuzz.campaign.runner import default_targets
 from kda_fuzz.engine.case import Case
 from kda_fuzz.engine.oracle import run_case
+from kda_fuzz.engine.targets import default_targets
 from kda_fuzz.families import get_contract
 
 KDA = get_contract("kda")
@@ -46,7 +46,7 @@ def test_kernel_broken_layouts(variant: str, name: str, fn) -> None:
     fuzz()
 
 
-FAMILIES = 4  # compile families per target on the GPU (see runner.plan)
+FAMILIES = 4  # compile families per target on the GPU (see kda_fuzz.campaign.plan)
 
 
 @pytest.mark.gpu

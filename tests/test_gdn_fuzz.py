@@ -8,8 +8,9 @@ import json
 import pytest
 
 from kda_fuzz.campaign.minimize import minimize_with_verdict
-from kda_fuzz.campaign.runner import Target, campaign
+from kda_fuzz.campaign.runner import campaign
 from kda_fuzz.cli import main
+from kda_fuzz.engine.targets import Target
 from kda_fuzz.families import get_contract
 from kda_fuzz.families.kda.contract import CHECKS as KDA_CHECKS
 from tests import gdn_mutants

@@ -14,22 +14,15 @@ from types import SimpleNamespace
 
 import pytest
 
+from kda_fuzz.campaign.arms import Arm
 from kda_fuzz.campaign.interleave import CHUNK, MIN_TURN, cycle_of, in_turn_order, schedule
-from kda_fuzz.campaign.runner import (
-    Arm,
-    Campaign,
-    CampaignOptions,
-    Failure,
-    Report,
-    Target,
-    _Stopped,
-    campaign,
-    deal,
-    fingerprint,
-    load_target,
-    plan,
-)
+from kda_fuzz.campaign.plan import deal, plan
+from kda_fuzz.campaign.results import Failure, Report
+from kda_fuzz.campaign.runner import Campaign, _Stopped, campaign
 from kda_fuzz.campaign.shard import NOMINAL_SCALE_BUDGET
+from kda_fuzz.campaign.spec import CampaignOptions
+from kda_fuzz.engine.case import fingerprint
+from kda_fuzz.engine.targets import Target, load_target
 from kda_fuzz.engine.verdict import Verdict
 from kda_fuzz.families import get_contract
 from kda_fuzz.report.progress import print_summary

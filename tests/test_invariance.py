@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from kda_fuzz.campaign.minimize import minimize_with_verdict
-from kda_fuzz.campaign.runner import Target, campaign, load_target
+from kda_fuzz.campaign.runner import campaign
 from kda_fuzz.corpus.store import load_case, save_failure
 from kda_fuzz.engine.oracle import batch_variance, run_case
+from kda_fuzz.engine.targets import Target, load_target
 from kda_fuzz.execution import cpu as _execution  # noqa: F401 - kernels run on CPU
 from kda_fuzz.families import get_contract
 from kda_fuzz.families.kda.layouts import KdaLayout, build

@@ -48,7 +48,7 @@ def _knobs(seen: list) -> Knobs:
 
 def test_a_familys_options_reach_the_parser_and_its_sizes_the_strategies(
         capsys: pytest.CaptureFixture[str]) -> None:
-    from kda_fuzz.campaign.runner import plan
+    from kda_fuzz.campaign.plan import plan
     from kda_fuzz.cli import _shaping, build_parser
     from kda_fuzz.families import get_contract
 

@@ -17,8 +17,10 @@ import triton
 import triton.language as tl
 
 from kda_fuzz import cli
-from kda_fuzz.campaign.runner import Target, campaign, require_executed
+from kda_fuzz.campaign.results import require_executed
+from kda_fuzz.campaign.runner import campaign
 from kda_fuzz.engine.oracle import EnvironmentFailure
+from kda_fuzz.engine.targets import Target
 from kda_fuzz.execution import cpu as _execution
 from kda_fuzz.execution.cpu import ExecutionEnvironmentError, NotAScalar, environment_error
 from kda_fuzz.families import get_contract

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from kda_fuzz.campaign.runner import Target, campaign
+from kda_fuzz.campaign.runner import campaign
 from kda_fuzz.corpus.merge import merge, stale_reason
 from kda_fuzz.corpus.store import load_case, save_failure
+from kda_fuzz.engine.targets import Target
 from kda_fuzz.engine.verdict import Verdict
 from kda_fuzz.families import get_contract
 from tests import mutants

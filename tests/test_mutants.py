@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kda_fuzz.campaign.runner import Target, campaign
+from kda_fuzz.campaign.runner import campaign
+from kda_fuzz.engine.targets import Target
 from kda_fuzz.families import get_contract
 from tests import mutants
 

@@ -361,7 +361,8 @@ def test_a_failing_fast_path_falls_back_to_the_torch_oracle(monkeypatch, capsys)
     assert packed_judge.judge(case, kwargs, before, bases,
                               (kwargs["out"], kwargs["initial_state"])) is None
     # ... and the campaign's summary says so
-    from kda_fuzz.campaign.runner import campaign, load_target
+    from kda_fuzz.campaign.runner import campaign
+    from kda_fuzz.engine.targets import load_target
 
     report = campaign(KDA, "triton", [load_target(
         "kda_fuzz_kernels.kda_decode:reference_kda_packed_decode")], max_examples=4, seed=1,
@@ -461,7 +462,8 @@ def test_documented_contract_gaps_are_not_failures_unless_strict() -> None:
 
 @pytest.mark.slow  # three campaigns
 def test_campaigns_against_the_documented_checks_see_gaps_not_failures_unless_strict() -> None:
-    from kda_fuzz.campaign.runner import Target, campaign
+    from kda_fuzz.campaign.runner import campaign
+    from kda_fuzz.engine.targets import Target
     from tests import mutants
 
     twin = [Target("documented", mutants.documented_helion)]
@@ -480,7 +482,8 @@ def test_campaigns_against_the_documented_checks_see_gaps_not_failures_unless_st
 
 @pytest.mark.slow  # three campaigns
 def test_message_class_policy_counts_wording_and_judges_the_rest() -> None:
-    from kda_fuzz.campaign.runner import Target, campaign
+    from kda_fuzz.campaign.runner import campaign
+    from kda_fuzz.engine.targets import Target
     from tests import mutants
 
     typo = [Target("typo", mutants.typo_check_20)]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kda_fuzz.campaign.runner import plan
+from kda_fuzz.campaign.plan import plan
 from kda_fuzz.families import get_contract
 from kda_fuzz.families.packed.pins import PinError, parse_layout, restrictions
 from tests.inprocess import kda_fuzz
@@ -89,8 +89,9 @@ def test_seed_layouts_run_first_as_they_are(tmp_path: Path) -> None:
     """Corpus files given as seeds are the campaign's first examples: a bug that only the
     seed's layout shows (a padding row wrapping to the last slot) is found at example 1;
     the CLI takes a folder, leaves out other families' files and says so."""
-    from kda_fuzz.campaign.runner import Target, campaign
+    from kda_fuzz.campaign.runner import campaign
     from kda_fuzz.corpus.store import save_case
+    from kda_fuzz.engine.targets import Target
     from kda_fuzz.families.kda.layouts import KdaLayout, build
     from tests.mutants import pad_wrap
 

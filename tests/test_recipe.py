@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from kda_fuzz.campaign.minimize import minimize_with_verdict
-from kda_fuzz.campaign.runner import Failure
+from kda_fuzz.campaign.results import Failure
 from kda_fuzz.corpus.store import (
     READ_SCHEMAS,
     CorpusError,

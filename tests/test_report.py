@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from kda_fuzz.campaign.runner import Failure, Report
+from kda_fuzz.campaign.results import Failure, Report
 from kda_fuzz.cli import main as cli_main
 from kda_fuzz.engine.case import Case
 from kda_fuzz.engine.oracle import run_case

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from kda_fuzz.campaign.findings import FindingSaver
-from kda_fuzz.campaign.runner import Campaign, CampaignOptions
+from kda_fuzz.campaign.runner import Campaign
+from kda_fuzz.campaign.spec import CampaignOptions
 from kda_fuzz.cli import main
 from kda_fuzz.corpus.replay import replay, replay_paths
 from kda_fuzz.engine.targets import load_target
@@ -159,7 +160,7 @@ def test_a_campaign_finds_saves_and_skips_replaying_it_without_a_gpu(
 
 
 def test_each_finding_carries_a_report(fake_tool: Path, tmp_path: Path) -> None:
-    from kda_fuzz.campaign.runner import Failure
+    from kda_fuzz.campaign.results import Failure
     from kda_fuzz.engine.verdict import Verdict
 
     f = Failure(_case(4), Verdict("mismatch", "out-value", "wrong"), WIDE)
@@ -203,7 +204,7 @@ pytest_plugins = ["pytester"]
 @pytest.mark.slow
 def test_a_sanitizer_file_is_skipped_by_pytest_without_a_gpu(
         fake_tool: Path, tmp_path: Path, pytester: pytest.Pytester) -> None:
-    from kda_fuzz.campaign.runner import Failure
+    from kda_fuzz.campaign.results import Failure
 
     pytester._monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the target, from pytester's dir
     reports = sanitizer.sanitize("memcheck", WIDE, [_case(4)], device="cpu")
@@ -326,7 +327,7 @@ def test_a_sanitizer_that_cannot_start_is_the_environments_failure(
 
 
 def test_a_sanitizer_finding_is_minimized_under_the_tool(fake_tool: Path) -> None:
-    from kda_fuzz.campaign.runner import Failure
+    from kda_fuzz.campaign.results import Failure
     from kda_fuzz.campaign.sanitizing import minimize_finding
 
     (report,) = sanitizer.sanitize("memcheck", WIDE, [_case(7)], device="cpu")

@@ -11,8 +11,9 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 
-from kda_fuzz.campaign.runner import default_targets, plan
+from kda_fuzz.campaign.plan import plan
 from kda_fuzz.engine.oracle import expectation, run_case
+from kda_fuzz.engine.targets import default_targets
 from kda_fuzz.families import get_contract
 from kda_fuzz.families.kda.scale import (
     GRID_YZ,
@@ -371,7 +372,8 @@ def test_scale_cases_stay_within_a_jobs_share_of_the_device(variant: str,
 def test_a_campaign_reports_the_largest_scale_sizes_and_the_strata_time() -> None:
     """The summary's figures: the largest B, B*HV, pool and mixed_qkv reach the stratum
     ran, and the time each stratum took (so its share of the campaign can be read)."""
-    from kda_fuzz.campaign.runner import campaign, load_target
+    from kda_fuzz.campaign.runner import campaign
+    from kda_fuzz.engine.targets import load_target
     target = load_target(KDA.reference_target)  # vectorised: the interpreter would crawl
     r = campaign(KDA, "triton", [target], device="cpu", max_examples=30, seed=1,
                  valid_share=1.0, budget=1 << 12, scale_share=0.2, scale_budget=1 << 28)

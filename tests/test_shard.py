@@ -13,8 +13,12 @@ from pathlib import Path
 import pytest
 
 from kda_fuzz.campaign.interleave import cycle_of
-from kda_fuzz.campaign.runner import Campaign, CampaignOptions, Target, fingerprint, plan, share_of
+from kda_fuzz.campaign.plan import plan, share_of
+from kda_fuzz.campaign.runner import Campaign
 from kda_fuzz.campaign.shard import Shard, assign, examples_of, parse_shard, positions
+from kda_fuzz.campaign.spec import CampaignOptions
+from kda_fuzz.engine.case import fingerprint
+from kda_fuzz.engine.targets import Target
 from kda_fuzz.engine.verdict import Verdict
 from kda_fuzz.families import get_contract
 from tests.inprocess import kda_fuzz

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from kda_fuzz.campaign.minimize import minimize_with_verdict
-from kda_fuzz.campaign.runner import Failure
+from kda_fuzz.campaign.results import Failure
 from kda_fuzz.corpus import store as corpus
 from kda_fuzz.corpus.store import load_case, save_failure
 from kda_fuzz.engine.oracle import run_case

@@ -8,8 +8,11 @@ import time
 
 import pytest
 
-from kda_fuzz.campaign.runner import CampaignOptions, Target, campaign, deal, load_target, plan
+from kda_fuzz.campaign.plan import deal, plan
+from kda_fuzz.campaign.runner import campaign
+from kda_fuzz.campaign.spec import CampaignOptions
 from kda_fuzz.campaign.supervisor import Supervisor
+from kda_fuzz.engine.targets import Target, load_target
 from kda_fuzz.families import get_contract
 
 KDA = get_contract("kda")
@@ -243,7 +246,9 @@ def test_the_scale_stratum_takes_at_most_its_time_share_of_a_time_bounded_campai
     of the job's time; it still runs in the first round and keeps its share after."""
     from hypothesis import strategies as st
 
-    from kda_fuzz.campaign.runner import SCALE_TIME_SHARE, Arm, Campaign, _Stopped
+    from kda_fuzz.campaign.arms import Arm
+    from kda_fuzz.campaign.plan import SCALE_TIME_SHARE
+    from kda_fuzz.campaign.runner import Campaign, _Stopped
 
     arms = [Arm("valid:family0", st.none(), 1000), Arm("broken:mix", st.none(), 500),
             Arm("scale", st.none(), 40, time_share=SCALE_TIME_SHARE)]
@@ -274,7 +279,7 @@ def test_the_scale_stratum_takes_at_most_its_time_share_of_a_time_bounded_campai
     alone._run_rounds(arms[2:], 40, c._deadline)
     assert [r for r, _ in ran] == list(range(100))
     # the cap is a tenth of the time, or the scale share asked for if larger
-    from kda_fuzz.campaign.runner import _scale_arms
+    from kda_fuzz.campaign.plan import _scale_arms
 
     def share_of(share: float) -> float | None:
         arms = _scale_arms(KDA, "triton", 1000, "cpu", share, 1 << 30, 1)

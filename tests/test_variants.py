@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from kda_fuzz.campaign.runner import Report, VariantSeen, campaign, load_target
+from kda_fuzz.campaign.results import Report, VariantSeen
+from kda_fuzz.campaign.runner import campaign
+from kda_fuzz.engine.targets import load_target
 from kda_fuzz.families import get_contract
 from kda_fuzz.report.html import render_report
 from kda_fuzz.report.progress import print_summary
@@ -184,7 +186,8 @@ def test_hooks_of_two_concerns_on_one_method_stack() -> None:
 
 
 def test_a_crash_under_other_configs_is_saved_to_run_under_them_again() -> None:
-    from kda_fuzz.campaign.runner import Campaign, CampaignOptions
+    from kda_fuzz.campaign.runner import Campaign
+    from kda_fuzz.campaign.spec import CampaignOptions
     from kda_fuzz.engine.verdict import Verdict
 
     died = Verdict("crash", "device-fault", "the device faulted: CUDA error: misaligned address",
@@ -199,7 +202,7 @@ def test_a_crash_under_other_configs_is_saved_to_run_under_them_again() -> None:
 
 
 def test_variants_past_the_cap_are_counted_together() -> None:
-    from kda_fuzz.campaign import runner
+    from kda_fuzz.campaign import results as runner
     from kda_fuzz.execution.variants import Variant
     from kda_fuzz.families.kda.layouts import KdaLayout, build
 

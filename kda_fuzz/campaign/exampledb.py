@@ -44,7 +44,7 @@ from typing import Any
 
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
-from kda_fuzz.campaign.runner import Failure, Report, Target
+from kda_fuzz.campaign.results import Failure, Report
 from kda_fuzz.corpus.replay import load_entry, replay
 from kda_fuzz.corpus.store import (
     FLAKY_RUNS,
@@ -55,6 +55,7 @@ from kda_fuzz.corpus.store import (
     replay_entry,
 )
 from kda_fuzz.engine.oracle import Outcome, run_case
+from kda_fuzz.engine.targets import Target
 from kda_fuzz.workers.deadline import PastDeadline
 from kda_fuzz.workers.isolate import IsolatedTarget
 

@@ -18,12 +18,13 @@ from typing import Any
 
 from kda_fuzz.campaign.channel import ExitReason, Stop
 from kda_fuzz.campaign.minimize import minimize_with_verdict
-from kda_fuzz.campaign.runner import HARD_KINDS, Failure, Target, minimizable
+from kda_fuzz.campaign.results import HARD_KINDS, Failure, minimizable
 from kda_fuzz.campaign.sanitizing import attach_report, minimize_finding
 from kda_fuzz.campaign.supervisor import candidate_timeout, minimized_detail
 from kda_fuzz.corpus.store import CaseTooLarge, save_failure
 from kda_fuzz.engine.contract import Contract
 from kda_fuzz.engine.oracle import Outcome, run_case
+from kda_fuzz.engine.targets import Target
 from kda_fuzz.workers.deadline import Deadline, PastDeadline
 from kda_fuzz.workers.isolate import IsolatedTarget
 

@@ -1,6 +1,6 @@
 """The order a campaign's plan runs in: rounds, every arm taking its turn from the start.
 
-A plan (:func:`kda_fuzz.campaign.runner.plan`) is a list of arms of ``n`` examples each. It runs in
+A plan (:func:`kda_fuzz.campaign.plan.plan`) is a list of arms of ``n`` examples each. It runs in
 rounds; one *cycle* of :func:`cycle_of` rounds runs every arm's examples once. The first
 round runs one example of every arm, so it holds every stratum and is about as long as the
 plan has arms. The other rounds spread each arm's remaining examples evenly (a weighted

@@ -1,6 +1,6 @@
 """Sharded campaigns: one campaign's plan split between machines (``--shard I/N``).
 
-A campaign's plan (:func:`kda_fuzz.campaign.runner.plan`) is a list of arms: the breakage strata,
+A campaign's plan (:func:`kda_fuzz.campaign.plan.plan`) is a list of arms: the breakage strata,
 the mix, the valid layouts (one arm, or one per job or compile family), the scale
 stratum. The arms run interleaved in rounds (:mod:`kda_fuzz.campaign.interleave`); arm ``a``'s
 turn in a round is a Hypothesis run seeded by ``(seed, a.index, round)``, its size set
@@ -91,7 +91,7 @@ def assign(arms: list[Arm], shards: int, seed: int = 0) -> list[list[Arm]]:
 
 
 def deal_kept(arms: list[Arm], job: int, jobs: int) -> list[Arm]:
-    """:func:`kda_fuzz.campaign.runner.deal` for a shard's arms: the same round-robin of broken
+    """:func:`kda_fuzz.campaign.plan.deal` for a shard's arms: the same round-robin of broken
     and valid arms between the shard's jobs, keeping the arms' plan indices (seeds)."""
     broken = [a for a in arms if a.name.startswith("broken:")]
     valid = [a for a in arms if not a.name.startswith("broken:")]

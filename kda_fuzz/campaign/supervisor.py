@@ -58,20 +58,14 @@ from kda_fuzz.campaign.channel import (
     Snapshot,
     Stop,
 )
-from kda_fuzz.campaign.runner import (
-    Campaign,
-    CampaignOptions,
-    Failure,
-    Position,
-    Recorder,
-    Report,
-    Target,
-    load_target,
-)
+from kda_fuzz.campaign.results import Failure, Report
+from kda_fuzz.campaign.runner import Campaign, Position, Recorder
+from kda_fuzz.campaign.spec import CampaignOptions
 from kda_fuzz.campaign.steering import note as shifted_note
 from kda_fuzz.campaign.timeouts import Calibration, confirm_limit, describe, merged, store_size
 from kda_fuzz.campaign.timeouts import note as timeout_note
 from kda_fuzz.engine.oracle import EnvironmentFailure, device_error
+from kda_fuzz.engine.targets import Target, load_target
 from kda_fuzz.engine.verdict import Verdict
 from kda_fuzz.execution import compiles
 from kda_fuzz.families import get_contract

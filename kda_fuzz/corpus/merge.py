@@ -10,7 +10,7 @@ into:
   by the one stale rule of the replay path (:func:`kda_fuzz.corpus.store.stale_reason`); never
   copied;
 * a **failure**, identified as the campaign identifies distinct failures
-  (:attr:`kda_fuzz.campaign.runner.Failure.signature`): the recorded target (``origin.target``)
+  (:attr:`kda_fuzz.campaign.results.Failure.signature`): the recorded target (``origin.target``)
   and the recorded verdict's :meth:`~kda_fuzz.engine.verdict.Verdict.signature` on the file's
   variant. A file without a verdict (a hand-made regression) is its own failure. Of the
   files showing one failure the smallest (bytes; then one already in ``OUT_DIR``; then

@@ -766,7 +766,7 @@ def known_failure(failure: Any, directory: str | os.PathLike[str]) -> Path | Non
 
 def save_failure(failure: Any, directory: str | os.PathLike[str], *, contract: Contract,
                  seed: int | None, unminimized: str = "", dedupe: bool = True) -> Path:
-    """Save a campaign's ``runner.Failure`` (its minimized case) with its origin.
+    """Save a campaign's ``results.Failure`` (its minimized case) with its origin.
     ``unminimized``: why the case is saved as found (recorded in the origin and the
     description).
 

@@ -355,7 +355,7 @@ def render_report(report: Any, history: Sequence[dict[str, Any]] | None = None) 
 def write_report(report: Any, directory: str | os.PathLike[str], *,
                  history: Sequence[dict[str, Any]] | None = None,
                  name: str = FILE_NAME) -> Path:
-    """Write the campaign ``report`` (a ``runner.Report``) as one self-contained HTML file
+    """Write the campaign ``report`` (a ``results.Report``) as one self-contained HTML file
     ``directory/name`` (atomically; the folder is created) and return its path.
     ``history`` defaults to ``report.history`` when the report has one."""
     return write_atomic(Path(directory) / name, render_report(report, history))
