@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from kda_fuzz.engine.oracle import EnvironmentFailure
 from kda_fuzz.families import get_contract
 from kda_fuzz.families.kda.layouts import KdaLayout, build
 from kda_fuzz.workers.isolate import IsolatedTarget
@@ -30,6 +31,14 @@ def test_worker_survives_abort_and_hang_and_recovers() -> None:
     with IsolatedTarget(KDA, "tests.hostile_targets:hangs", timeout=1) as iso:
         hung = iso.run(clean)
         assert hung.verdict is not None and hung.verdict.kind == "timeout"
+
+
+def test_an_environment_failure_in_the_worker_is_raised_in_the_parent() -> None:
+    clean = build(KdaLayout(B=2, H=1, HV=1, K=4, V=4, padding="none", seed=1), "triton")
+    with IsolatedTarget(KDA, "tests.hostile_targets:interpreter_gap", timeout=30) as iso:
+        with pytest.raises(EnvironmentFailure, match="erfcx has no CPU"):
+            iso.run(clean)
+        assert iso._proc is not None and iso._proc.is_alive()  # the worker goes on
 
 
 @pytest.mark.parametrize("target,kind,extra", [

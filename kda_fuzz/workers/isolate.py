@@ -6,7 +6,8 @@ loop in supervised job processes, see :mod:`kda_fuzz.campaign.supervisor`).
 The worker is a fork of kda-fuzz's fork server (``process.worker_context``), never of a
 process whose torch thread pool runs (it can deadlock in its first parallel op); it
 imports the target by its ``MODULE:CALLABLE`` name and judges each case with
-``run_case`` itself; the parent sends cases through a pipe. A worker that dies yields
+``run_case`` itself; parent and worker talk through a pipe in the messages declared
+below (``ToWorker``, ``FromWorker``). A worker that dies yields
 a ``crash`` verdict, one that does not answer within the timeout is killed and yields a
 ``timeout`` verdict; either way a fresh worker takes the next case.
 """
@@ -17,6 +18,7 @@ import faulthandler
 import os
 import time
 import traceback
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, NoReturn
 
@@ -31,6 +33,54 @@ from kda_fuzz.families import get_contract
 from kda_fuzz.workers.deadline import PastDeadline
 from kda_fuzz.workers.process import exit_with_parent, how_it_ended, worker_context, worker_process
 
+# ------------------------------------------------------------------ messages
+# Sent over the worker's pipe (multiprocessing's pickler: a case's tensors may go through
+# shared memory).
+
+
+@dataclass(frozen=True)
+class Judge:
+    """To the worker: judge ``case`` (CPU tensors; the worker moves them to its device)."""
+
+    case: Case
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """To the worker: end."""
+
+
+@dataclass(frozen=True)
+class Ready:
+    """From the worker: its contract and target loaded, it waits for cases."""
+
+
+@dataclass(frozen=True)
+class Judged:
+    """From the worker: the outcome of the case it was sent."""
+
+    outcome: Outcome
+
+
+@dataclass(frozen=True)
+class EnvironmentFailed:
+    """From the worker: the machinery that runs the target failed on the case (an
+    ``EnvironmentFailure``: the parent raises it again)."""
+
+    detail: str
+
+
+@dataclass(frozen=True)
+class OracleFailed:
+    """From the worker: judging the case failed outside the target (the fuzzer's own
+    failure): its traceback (the parent raises ``RuntimeError``)."""
+
+    traceback: str
+
+
+ToWorker = Judge | Shutdown
+FromWorker = Ready | Judged | EnvironmentFailed | OracleFailed
+
 
 def _worker(conn: Connection, family: str, target: str, device: str,
             judging: dict[str, Any]) -> None:
@@ -41,43 +91,44 @@ def _worker(conn: Connection, family: str, target: str, device: str,
         contract.execution.configure_cpu()
     fn = load_target(target).fn
     parent = os.getppid()
-    conn.send("ready")
+    conn.send(Ready())
     while True:
         while not conn.poll(1.0):
             if os.getppid() != parent:  # orphaned (a forked copy may hold the pipe's other end)
                 return
         try:
-            case = conn.recv()
+            msg: ToWorker = conn.recv()
         except EOFError:
             return
-        if case is None:
+        if not isinstance(msg, Judge):  # Shutdown
             return
+        case = msg.case
         try:
             cpu = time.thread_time()  # immune to the machine's load, unlike wall time
             outcome = run_case(contract, case if device == "cpu" else case.on(device), fn,
                                **judging)
             outcome.cpu_seconds = time.thread_time() - cpu
         except EnvironmentFailure as e:
-            conn.send(("environment", str(e)))
+            conn.send(EnvironmentFailed(str(e)))
             continue
         except Exception as e:
             if device != "cpu" and device_error(e):  # surfaced while judging
                 _device_fault(conn, expectation(contract, case), e)
-            conn.send(("error", traceback.format_exc()))  # the oracle's own: parent raises
+            conn.send(OracleFailed(traceback.format_exc()))  # the oracle's own: parent raises
             continue
         if device != "cpu":
             try:
                 torch.cuda.synchronize()
             except Exception as e:  # a sticky CUDA error: this process's context is gone
                 _device_fault(conn, outcome.expectation, e)
-        conn.send(outcome)
+        conn.send(Judged(outcome))
 
 
 def _device_fault(conn: Any, exp: Any, error: BaseException) -> NoReturn:
     """Report the device's fault as the target's crash and end this worker (its CUDA
     context is gone)."""
-    conn.send(Outcome("fail", exp, Verdict(
-        "crash", "device-fault", f"the device faulted: {str(error).splitlines()[0]}")))
+    conn.send(Judged(Outcome("fail", exp, Verdict(
+        "crash", "device-fault", f"the device faulted: {str(error).splitlines()[0]}"))))
     os._exit(70)
 
 
@@ -119,7 +170,7 @@ class IsolatedTarget:
                 raise PastDeadline(f"the worker for {self.target} had not started by the "
                                    "deadline")
             raise RuntimeError(f"worker for {self.target} did not start")
-        if parent.recv() != "ready":
+        if not isinstance(parent.recv(), Ready):
             raise RuntimeError(f"worker for {self.target} did not start")
 
     def _wait(self, limit: float) -> tuple[float, bool]:
@@ -158,14 +209,18 @@ class IsolatedTarget:
         timed_out = False
         wait, cut = self._wait(self.timeout)
         try:
-            self._conn.send(case)
+            self._conn.send(Judge(case))
             if self._conn.poll(wait):
-                got = self._conn.recv()
-                if isinstance(got, tuple) and got[0] == "environment":
-                    raise EnvironmentFailure(got[1])
-                if isinstance(got, tuple) and got[0] == "error":
-                    raise RuntimeError(f"the oracle failed in the worker:\n{got[1]}")
-                return got
+                got: FromWorker = self._conn.recv()
+                match got:
+                    case Judged(outcome):
+                        return outcome
+                    case EnvironmentFailed(detail):
+                        raise EnvironmentFailure(detail)
+                    case OracleFailed(tb):
+                        raise RuntimeError(f"the oracle failed in the worker:\n{tb}")
+                raise RuntimeError(f"unexpected message from the worker for {self.target}: "
+                                   f"{got!r}")
             timed_out = True
         except (EOFError, BrokenPipeError, ConnectionResetError):
             self._proc.join(timeout=10)  # it is dying: let it be reaped
@@ -184,7 +239,7 @@ class IsolatedTarget:
     def close(self) -> None:
         if self._conn is not None and self._proc is not None and self._proc.is_alive():
             try:
-                self._conn.send(None)
+                self._conn.send(Shutdown())
             except (BrokenPipeError, OSError):
                 pass
         self._stop(kill=True)
