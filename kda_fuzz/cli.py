@@ -626,7 +626,7 @@ def _fuzz(args: argparse.Namespace, signals: Any = None) -> int:
     from kda_fuzz.campaign.interrupt import Signals
     from kda_fuzz.campaign.plan import share_of
     from kda_fuzz.campaign.spec import CampaignOptions
-    from kda_fuzz.corpus.store import replay_command_line
+    from kda_fuzz.corpus.replay import replay_command_line
     from kda_fuzz.report.progress import Progress
     from kda_fuzz.workers.deadline import Deadline
 
@@ -1068,7 +1068,8 @@ def _save(report: Any, contract: Any, corpus: str, args: argparse.Namespace,
     corpus file is described instead. Outside a project that opted in, say how pytest
     would replay the files."""
     from kda_fuzz.config import config_snippet
-    from kda_fuzz.corpus.store import SEEN_AGAIN, CaseTooLarge, replay_command_line, save_failure
+    from kda_fuzz.corpus.replay import replay_command_line
+    from kda_fuzz.corpus.store import SEEN_AGAIN, CaseTooLarge, save_failure
 
     settled = {id(f) for f in done}
     for f in report.failures:

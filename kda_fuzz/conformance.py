@@ -13,7 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from kda_fuzz.corpus.store import replay_command_line, save_case
+from kda_fuzz.corpus.replay import replay_command_line
+from kda_fuzz.corpus.store import save_case
 from kda_fuzz.engine.case import Case
 from kda_fuzz.engine.oracle import expectation, ready_on_cpu, run_case
 from kda_fuzz.engine.targets import Target, check_signature, load_target

@@ -410,8 +410,8 @@ class CorpusItem(pytest.Item):
     """Replays one corpus file against the configured targets (or ``--kda-corpus-target``)."""
 
     def runtest(self) -> None:
-        from kda_fuzz.corpus.replay import check_entry, replay
-        from kda_fuzz.corpus.store import CorpusError, replay_command_line
+        from kda_fuzz.corpus.replay import check_entry, replay, replay_command_line
+        from kda_fuzz.corpus.store import CorpusError
         from kda_fuzz.report.progress import layout_of
 
         st = state(self.config)
@@ -488,7 +488,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         return
     saved = conformance.save_pending(conformance.SAVE_DIR or Path("."), item.nodeid)
     if saved is not None:
-        from kda_fuzz.corpus.store import replay_command_line
+        from kda_fuzz.corpus.replay import replay_command_line
 
         path, target, variant, family = saved
         line = replay_command_line(target, path, variant=variant, family=family)

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from kda_fuzz.config import Config, choose_targets, recorded_targets
-from kda_fuzz.corpus.replay import Entry, load_entry
-from kda_fuzz.corpus.store import DTYPE_NAMES, CorpusError, _le_bytes, replay_command_line
+from kda_fuzz.corpus.replay import Entry, load_entry, replay_command_line
+from kda_fuzz.corpus.store import DTYPE_NAMES, CorpusError, _le_bytes
 from kda_fuzz.engine.case import Judging
 from kda_fuzz.engine.oracle import expectation
 from kda_fuzz.families import BUILTIN, get_contract

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from kda_fuzz.corpus.replay import replay_command
-from kda_fuzz.corpus.store import load_case, save_case, stale_reason
+from kda_fuzz.corpus.replay import replay_command, stale_reason
+from kda_fuzz.corpus.store import load_case, save_case
 from kda_fuzz.engine.case import Case
 from kda_fuzz.engine.targets import load_target
 from kda_fuzz.families import get_contract

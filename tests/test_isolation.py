@@ -126,7 +126,7 @@ def test_a_worker_runs_in_the_environment_of_its_caller(monkeypatch) -> None:
 def test_a_still_crashing_corpus_entry_fails_alone(tmp_path: Path) -> None:
     """crash- entries replay isolated (kda-fuzz replay and pytest alike): a target that
     still aborts fails the entry; the replaying process goes on."""
-    from kda_fuzz.corpus.store import replay_entry
+    from kda_fuzz.corpus.replay import replay_entry
     from kda_fuzz.engine.targets import load_target
 
     padded = build(KdaLayout(B=2, H=1, HV=1, K=4, V=4, padding="first", seed=1), "triton")

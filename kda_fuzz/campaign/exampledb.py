@@ -45,16 +45,9 @@ from typing import Any
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
 from kda_fuzz.campaign.results import Failure, Report
-from kda_fuzz.corpus.replay import load_entry, replay
-from kda_fuzz.corpus.store import (
-    FLAKY_RUNS,
-    CaseTooLarge,
-    CorpusError,
-    encode_entry,
-    passed,
-    replay_entry,
-)
-from kda_fuzz.engine.oracle import Outcome, run_case
+from kda_fuzz.corpus.replay import load_entry, replay, replay_entry
+from kda_fuzz.corpus.store import CaseTooLarge, CorpusError, encode_entry
+from kda_fuzz.engine.oracle import Outcome
 from kda_fuzz.engine.targets import Target
 from kda_fuzz.workers.deadline import PastDeadline
 from kda_fuzz.workers.isolate import IsolatedTarget
@@ -166,7 +159,7 @@ def replay_stored(db: ExampleDatabase, url: str, key: bytes, contract: Any, vari
                   timeout: float = 60.0, messages: str = "exact",
                   strict: bool = False, deadline: float | None = None) -> Replay:
     """Replay every entry stored under ``key`` on ``targets`` (through
-    :func:`kda_fuzz.replay.replay`, each target's worker kept for all entries); the
+    :func:`kda_fuzz.corpus.replay.replay`, each target's worker kept for all entries); the
     failures that come back, one per distinct failure (the smallest entry showing it), in
     :class:`Replay`. Isolated, the replay ends by ``deadline`` (``time.monotonic()``):
     entries not replayed by then stay as they are (``Replay.unreplayed``)."""
@@ -193,24 +186,12 @@ def replay_stored(db: ExampleDatabase, url: str, key: bytes, contract: Any, vari
 
         def run(contract: Any, case: Any, kind: str, chosen: Sequence[Target]
                 ) -> list[tuple[str, Outcome]]:
-            results = []
-            for t in chosen:
-                if not isolate and kind in ("crash", "timeout", "flaky"):  # isolated anyway
-                    outcome = replay_entry(contract, case, kind, [t], device=device)[0][1]
-                elif not isolate:
-                    outcome = run_case(contract, case if device == "cpu" else case.on(device),
-                                       t.fn, messages=messages, strict=strict)  # type: ignore[arg-type]
-                else:
-                    try:
-                        outcome = workers[t.name].run(case)
-                        for _ in range(FLAKY_RUNS - 1 if kind == "flaky" else 0):
-                            if not passed(outcome):
-                                break
-                            outcome = workers[t.name].run(case)
-                    except PastDeadline:
-                        raise _OutOfTime from None  # (past replay's own error handling)
-                results.append((t.name, outcome))
-            return results
+            try:  # by its kind; isolated: in the workers kept for all entries
+                return replay_entry(contract, case, kind, chosen, device=device,
+                                    timeout=timeout, messages=messages,  # type: ignore[arg-type]
+                                    strict=strict, workers=workers)
+            except PastDeadline:
+                raise _OutOfTime from None  # (past replay's own error handling)
 
         records = []
         for i, (value, entry) in enumerate(loaded):

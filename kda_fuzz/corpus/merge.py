@@ -7,7 +7,7 @@ into:
 * **bad**: it does not load; never copied;
 * **stale**: what the file records as the expected outcome (its ``expected`` field, else
   what its verdict or kind implies) is not what the contract prescribes for the case now,
-  by the one stale rule of the replay path (:func:`kda_fuzz.corpus.store.stale_reason`); never
+  by the one stale rule of the replay path (:func:`kda_fuzz.corpus.replay.stale_reason`); never
   copied;
 * a **failure**, identified as the campaign identifies distinct failures
   (:attr:`kda_fuzz.campaign.results.Failure.signature`): the recorded target (``origin.target``)
@@ -39,8 +39,8 @@ from typing import Any
 
 from kda_fuzz.corpus.atomic import write_atomic
 from kda_fuzz.corpus.replay import check_entry
+from kda_fuzz.corpus.replay import stale_reason as corpus_stale_reason
 from kda_fuzz.corpus.store import _recorded_expectation, corpus_files
-from kda_fuzz.corpus.store import stale_reason as corpus_stale_reason
 
 EXIT_OK, EXIT_BAD, EXIT_USAGE = 0, 1, 2
 
@@ -82,7 +82,7 @@ class MergeResult:
 
 def stale_reason(contract: Any, case: Any, kind: str, verdict: Any) -> str | None:
     """Why a file of ``kind`` with ``verdict`` (and no ``expected`` field) is stale: the one
-    stale rule, :func:`kda_fuzz.corpus.store.stale_reason`, on what the file records."""
+    stale rule, :func:`kda_fuzz.corpus.replay.stale_reason`, on what the file records."""
     return corpus_stale_reason(contract, case, _recorded_expectation(None, kind, verdict))
 
 

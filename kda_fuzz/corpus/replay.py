@@ -1,4 +1,6 @@
-"""The one replay path: a corpus entry replayed against a target choice, as a typed record.
+"""The one replay path: a corpus entry replayed against a target choice, as a typed record;
+an entry run by its kind (:func:`replay_entry`), the one stale rule (:func:`stale_reason`)
+and the command line that replays a file (:func:`replay_command_line`).
 
 ``kda-fuzz replay``, the pytest corpus items, ``kda-fuzz merge`` (its stale rule) and the
 example database all go through :func:`replay`; they differ only in how they format its
@@ -9,42 +11,133 @@ others: a family that differs is an error (the case cannot be called with anothe
 family's arguments); a variant that differs judges the case under it (the variant
 describes the targets), and the stale rule then does not apply. An entry is stale when
 what the contract prescribes for its case now differs from what the entry recorded
-(:func:`kda_fuzz.corpus.store.stale_reason`): nothing is run then.
+(:func:`stale_reason`): nothing is run then.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shlex
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from kda_fuzz.corpus.store import (
-    HARD_TIMEOUT,
-    CorpusError,
-    _jsonable,
-    corpus_files,
-    load_case,
-    parse_case,
-    passed,
-    replay_entry,
-    stale_reason,
-)
+from kda_fuzz.corpus.store import CorpusError, _jsonable, corpus_files, load_case, parse_case
 from kda_fuzz.engine.case import Case
-from kda_fuzz.engine.contract import Contract
-from kda_fuzz.engine.oracle import EnvironmentFailure, Outcome
+from kda_fuzz.engine.contract import Contract, Expectation
+from kda_fuzz.engine.oracle import EnvironmentFailure, Messages, Outcome, expectation, run_case
 from kda_fuzz.engine.targets import Target, TargetChoice, TargetError, load_target, recorded_targets
 from kda_fuzz.engine.verdict import Verdict
-from kda_fuzz.families import get_contract
+from kda_fuzz.families import BUILTIN, get_contract
 from kda_fuzz.names import SOLE_VARIANT, label
+from kda_fuzz.workers.isolate import IsolatedTarget
 
 Status = Literal["PASS", "FAIL", "STALE", "ERROR", "READY", "SKIP"]
 #: how an entry's case is run: (contract, case, kind, targets) -> (target name, outcome)
 Runner = Callable[[Contract, Case, str, Sequence[Target]], list[tuple[str, Outcome]]]
 #: the targets of a family and variant: a choice of specs (loaded here) or loaded targets
 Chooser = Callable[[str, str], "TargetChoice | Sequence[Target]"]
+
+
+FLAKY_RUNS = 5
+HARD_TIMEOUT = 60.0  # seconds a worker's target may run before it counts as hung
+HARD_KINDS = ("crash", "timeout", "flaky")  # entries always run in a worker process
+
+
+# ------------------------------------------------------------------ running an entry
+
+
+def passed(outcome: Outcome) -> bool:
+    """A corpus entry passes when the target does what the contract prescribes."""
+    return outcome.status in ("pass", "gap", "skip")
+
+
+def replay_entry(contract: Contract, case: Case, kind: str, targets: Sequence[Target], *,
+                 device: str = "cpu", timeout: float = HARD_TIMEOUT,
+                 messages: Messages = "exact", strict: bool = False,
+                 workers: Mapping[str, IsolatedTarget] | None = None
+                 ) -> list[tuple[str, Outcome]]:
+    """Run one corpus entry's case on each target the way its kind needs: (target name,
+    outcome) per target.
+
+    ``crash-`` and ``timeout-`` entries run each target in a worker process, so one that
+    still aborts or hangs fails the entry and the session goes on; ``flaky-`` entries run
+    ``FLAKY_RUNS`` times, isolated, and pass only when every run passes (a call past
+    ``timeout`` seconds is a hang); the others run in this process (``case`` moved to
+    ``device``). ``workers``: open workers by target name, kept by the caller across
+    entries; a target that has one runs there whatever the kind."""
+    out = []
+    here: Case | None = None  # the case on ``device``, for the targets run in this process
+    for t in targets:
+        iso = workers.get(t.name) if workers is not None else None
+        if iso is None and kind not in HARD_KINDS:
+            here = here or (case if device == "cpu" else case.on(device))
+            out.append((t.name, run_case(contract, here, t.fn, messages=messages,
+                                         strict=strict)))
+            continue
+        with (contextlib.nullcontext(iso) if iso is not None else IsolatedTarget(
+                contract, t.name, timeout=timeout, device=device, messages=messages,
+                strict=strict)) as worker:
+            outcome = worker.run(case)
+            for _ in range(FLAKY_RUNS - 1 if kind == "flaky" else 0):
+                if not passed(outcome):
+                    break
+                outcome = worker.run(case)
+        out.append((t.name, outcome))
+    return out
+
+
+def stale_reason(contract: Contract, case: Case, recorded: Expectation | None) -> str | None:
+    """The one stale rule: why a corpus entry is stale, i.e. the outcome the current
+    contract prescribes for its case differs from the one recorded when it was saved (a
+    check added, relaxed, renumbered or reworded); None when they agree or nothing was
+    recorded. A recorded rejection with neither check nor hole (a hand-made file) only
+    asks that the contract still rejects the layout."""
+    if recorded is None:
+        return None
+    now = expectation(contract, case)
+    if now.ok == recorded.ok:
+        if now.ok or (recorded.check is None and recorded.message is None
+                      and recorded.hole is None):
+            return None
+        if (now.check, now.message) == (recorded.check, recorded.message) \
+                and (now.hole is None) == (recorded.hole is None):
+            return None
+    if recorded.ok:
+        was = "recorded as a valid layout; the contract now: it " + now.describe()
+    elif now.ok:
+        was = ("recorded as a broken layout"
+               + (f" (check {recorded.check})" if recorded.check is not None else "")
+               + "; the contract now accepts it")
+    else:
+        said = (f"check {recorded.check}: {recorded.message}" if recorded.message is not None
+                else "any ValueError (a contract hole)")
+        was = f"recorded: raises {said}; the contract now: it {now.describe()}"
+    return (f"stale corpus entry: {was} (the current {contract.name} contract; re-record "
+            "the case or delete the file)")
+
+
+def replay_command_line(target: str, path: str | os.PathLike[str], *, variant: str | None = None,
+                        device: str = "cpu", timeout: float = HARD_TIMEOUT,
+                        family: str | None = None) -> str:
+    """The ``kda-fuzz replay`` command that runs ``path`` against ``target`` as it ran
+    (its family when not the default one; its device; its timeout when not the default)."""
+    words = ["kda-fuzz replay --target", shlex.quote(target)]
+    if family and family != BUILTIN[0]:  # the first built-in family: the default
+        words += ["--family", shlex.quote(family)]
+    if variant and variant != SOLE_VARIANT:  # (replay takes the file's own variant)
+        words += ["--contract", variant]
+    if device != "cpu":
+        words += ["--device", device]
+    if timeout != HARD_TIMEOUT:
+        words += ["--timeout", f"{timeout:g}"]
+    return " ".join([*words, shlex.quote(str(path))])
+
+
+# ------------------------------------------------------------------ replaying a file
 
 
 @dataclass(frozen=True)
@@ -258,7 +351,7 @@ def replay(entry: Entry | str | os.PathLike[str],
     a :class:`~kda_fuzz.engine.targets.TargetChoice` (its specs are loaded here) or targets, or
     ``None`` for the contract's own kernels. ``family``/``variant``: replay under these
     rather than the entry's own. ``run``: how the case is run (default: by its kind,
-    :func:`kda_fuzz.corpus.store.replay_entry`). ``sanitize``: also run each passing
+    :func:`replay_entry`). ``sanitize``: also run each passing
     target under this compute-sanitizer tool (``sanitizer-`` files always run under theirs;
     where they cannot, the record is SKIP with the reason)."""
     rec = check_entry(entry, family=family, variant=variant)

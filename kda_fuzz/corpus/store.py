@@ -58,14 +58,10 @@ is built. Decompression stops at the byte count the header announces, so a strea
 inflates to more (a zip bomb) is rejected without being inflated. A bad file raises
 :class:`CorpusError` naming the file.
 
-Replay (:mod:`kda_fuzz.corpus.replay`, the one replay path; this module runs one entry by its
-kind, :func:`replay_entry`, and holds the one stale rule, :func:`stale_reason`): the
-target always comes from the command line or the project's configuration (or the
-project's kernels), never from the file. A file passes when the target now does what
-the contract prescribes (``run_case`` status ``pass``, or ``gap``/``skip``). The family
-and variant are the file's own unless given explicitly: the variant on the command line
-describes the targets being replayed (e.g. the torch reference implements the
-``triton`` variant), so it wins, with a note when it differs from the file's.
+This module is the file format only: encoding, decoding, saving, loading, sizes and
+digests, and which files a corpus folder holds (:func:`corpus_files`). Replaying a file
+(running an entry by its kind, the stale rule, whether it passes) is
+:mod:`kda_fuzz.corpus.replay`.
 """
 
 from __future__ import annotations
@@ -80,11 +76,10 @@ import math
 import os
 import platform
 import re
-import shlex
 import sys
 import uuid
 import zlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +89,7 @@ from kda_fuzz._version import __version__
 from kda_fuzz.corpus.atomic import write_atomic
 from kda_fuzz.engine.case import Case, TensorArg
 from kda_fuzz.engine.contract import Contract, Expectation
-from kda_fuzz.engine.oracle import Outcome, expectation, run_case
+from kda_fuzz.engine.oracle import expectation
 from kda_fuzz.engine.recipe import (
     HINTS,
     MAX_RANGES,
@@ -109,9 +104,7 @@ from kda_fuzz.engine.recipe import (
 )
 from kda_fuzz.engine.verdict import Verdict
 from kda_fuzz.execution import RUNTIMES
-from kda_fuzz.families import BUILTIN, get_contract
-from kda_fuzz.names import SOLE_VARIANT
-from kda_fuzz.workers.isolate import IsolatedTarget
+from kda_fuzz.families import get_contract
 
 SCHEMA = 2
 READ_SCHEMAS = (1, 2)
@@ -1210,36 +1203,6 @@ def _recorded_expectation(raw: Any, kind: str, verdict: Verdict | None) -> Expec
     return Expectation(False, None, None, str(verdict.extra.get("hole", "")) or "unnamed")
 
 
-def stale_reason(contract: Contract, case: Case, recorded: Expectation | None) -> str | None:
-    """The one stale rule: why a corpus entry is stale, i.e. the outcome the current
-    contract prescribes for its case differs from the one recorded when it was saved (a
-    check added, relaxed, renumbered or reworded); None when they agree or nothing was
-    recorded. A recorded rejection with neither check nor hole (a hand-made file) only
-    asks that the contract still rejects the layout."""
-    if recorded is None:
-        return None
-    now = expectation(contract, case)
-    if now.ok == recorded.ok:
-        if now.ok or (recorded.check is None and recorded.message is None
-                      and recorded.hole is None):
-            return None
-        if (now.check, now.message) == (recorded.check, recorded.message) \
-                and (now.hole is None) == (recorded.hole is None):
-            return None
-    if recorded.ok:
-        was = "recorded as a valid layout; the contract now: it " + now.describe()
-    elif now.ok:
-        was = ("recorded as a broken layout"
-               + (f" (check {recorded.check})" if recorded.check is not None else "")
-               + "; the contract now accepts it")
-    else:
-        said = (f"check {recorded.check}: {recorded.message}" if recorded.message is not None
-                else "any ValueError (a contract hole)")
-        was = f"recorded: raises {said}; the contract now: it {now.describe()}"
-    return (f"stale corpus entry: {was} (the current {contract.name} contract; re-record "
-            "the case or delete the file)")
-
-
 def _no_constants(name: str) -> Any:
     raise ValueError(f"non-standard JSON constant {name}")
 
@@ -1290,66 +1253,6 @@ def parse_case(text: str | bytes, name: str) -> tuple[Case, Verdict | None, dict
         return _decode(Path(name), doc)
     except (ValueError, TypeError, KeyError, OverflowError, RuntimeError, MemoryError) as e:
         raise CorpusError(name, str(e) or type(e).__name__) from None
-
-
-# ------------------------------------------------------------------ replay
-
-
-def replay_case(contract: Contract, case: Case, targets: Sequence[Any]
-                ) -> list[tuple[str, Outcome]]:
-    """Run ``case`` on every target (``runner.Target``) in this process."""
-    return [(t.name, run_case(contract, case, t.fn)) for t in targets]
-
-
-FLAKY_RUNS = 5
-HARD_TIMEOUT = 60.0  # seconds a worker's target may run before it counts as hung
-
-
-def replay_entry(contract: Contract, case: Case, kind: str, targets: Sequence[Any], *,
-                 device: str = "cpu", timeout: float = HARD_TIMEOUT
-                 ) -> list[tuple[str, Outcome]]:
-    """Replay one corpus entry the way its kind needs: the one replay path of
-    ``kda-fuzz replay`` and the pytest corpus items.
-
-    ``crash-`` and ``timeout-`` entries run each target in a worker process, so one that
-    still aborts or hangs fails the entry and the session goes on; ``flaky-`` entries run
-    ``FLAKY_RUNS`` times, isolated, and pass only when every run passes (a call past
-    ``timeout`` seconds is a hang); the others run in this process (``case`` is moved to
-    ``device``)."""
-    if kind not in ("crash", "timeout", "flaky"):
-        return replay_case(contract, case if device == "cpu" else case.on(device), targets)
-    out = []
-    for t in targets:
-        with IsolatedTarget(contract, t.name, timeout=timeout, device=device) as iso:
-            outcome = iso.run(case)
-            for _ in range(FLAKY_RUNS - 1 if kind == "flaky" else 0):
-                if not passed(outcome):
-                    break
-                outcome = iso.run(case)
-        out.append((t.name, outcome))
-    return out
-
-
-def replay_command_line(target: str, path: str | os.PathLike[str], *, variant: str | None = None,
-                        device: str = "cpu", timeout: float = HARD_TIMEOUT,
-                        family: str | None = None) -> str:
-    """The ``kda-fuzz replay`` command that runs ``path`` against ``target`` as it ran
-    (its family when not the default one; its device; its timeout when not the default)."""
-    words = ["kda-fuzz replay --target", shlex.quote(target)]
-    if family and family != BUILTIN[0]:  # the first built-in family: the default
-        words += ["--family", shlex.quote(family)]
-    if variant and variant != SOLE_VARIANT:  # (replay takes the file's own variant)
-        words += ["--contract", variant]
-    if device != "cpu":
-        words += ["--device", device]
-    if timeout != HARD_TIMEOUT:
-        words += ["--timeout", f"{timeout:g}"]
-    return " ".join([*words, shlex.quote(str(path))])
-
-
-def passed(outcome: Outcome) -> bool:
-    """A corpus entry passes when the target does what the contract prescribes."""
-    return outcome.status in ("pass", "gap", "skip")
 
 
 def corpus_files(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:

@@ -13,7 +13,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 from rich.progress import Progress as RichProgress
 from rich.table import Table
 
-from kda_fuzz.corpus.store import SEEN_AGAIN, replay_command_line
+from kda_fuzz.corpus.replay import replay_command_line
+from kda_fuzz.corpus.store import SEEN_AGAIN
 from kda_fuzz.families import get_contract
 from kda_fuzz.names import label as family_label
 
