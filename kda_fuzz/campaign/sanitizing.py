@@ -293,7 +293,7 @@ def minimize_finding(contract: Any, failure: Any, *, device: str, seconds: float
     from kda_fuzz.campaign.minimize import minimize_with_verdict
     from kda_fuzz.engine.oracle import Outcome, expectation
 
-    tool = failure.verdict.extra.get("tool", "memcheck")
+    tool = failure.verdict.tool or "memcheck"
     end = time.monotonic() + seconds
 
     def run(case: Case) -> Any:
@@ -324,7 +324,7 @@ class _Aborted(BaseException):
 
 def attach_report(failure: Any, tool: str, device: str, timeout: float = 600.0) -> None:
     """Replay a finding's case under ``tool`` and attach the report to its verdict
-    (``extra["sanitizer"]``); a run that fails is noted, never a verdict."""
+    (``notes["sanitizer"]``); a run that fails is noted, never a verdict."""
     if failure.verdict.kind == "sanitizer" or " vs " in failure.target:
         return
     try:
@@ -334,7 +334,7 @@ def attach_report(failure: Any, tool: str, device: str, timeout: float = 600.0) 
         failure.note = (failure.note + "; " if failure.note else "") + (
             f"no sanitizer report: {type(e).__name__}: {e}")
         return
-    failure.verdict = replace(failure.verdict, extra={**failure.verdict.extra,
+    failure.verdict = replace(failure.verdict, notes={**failure.verdict.notes,
                                                       "sanitizer": report.to_json()})
 
 

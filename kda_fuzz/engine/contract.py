@@ -346,7 +346,7 @@ class Contract:
     # pins (for valid_cases/broken_cases) that leave out what a target does not support
     restrict: Callable[[Sequence[str], str], Mapping[str, Any]] | None = None
     # a verdict decoded from a corpus file, in today's terms (files written by older
-    # versions recorded some facts in other fields of ``extra``)
+    # versions recorded some facts otherwise)
     upgrade_verdict: Callable[[Verdict], Verdict] | None = None
     # what in its messages is a value, masked in a raised failure's signature (None: its
     # digits only)
@@ -389,15 +389,14 @@ class Contract:
         return mv.mask(text) if mv.mask is not None else text
 
     def valued(self, verdict: Verdict) -> Verdict:
-        """``verdict`` with the pattern of the message it raised (``extra["got_pattern"]``,
-        what its signature compares) where the family declares :attr:`message_values`."""
+        """``verdict`` with the pattern of the message it raised (``got_pattern``, what
+        its signature compares) where the family declares :attr:`message_values`."""
         if verdict.what not in RAISED:
             return verdict
-        extra = {k: v for k, v in verdict.extra.items() if k != "got_pattern"}
         pattern = self.message_pattern(raised_by(verdict)[1])
-        if pattern is not None:
-            extra["got_pattern"] = pattern
-        return verdict if extra == verdict.extra else replace(verdict, extra=extra)
+        if pattern == verdict.got_pattern:
+            return verdict
+        return replace(verdict, got_pattern=pattern)
 
     def checks_for(self, variant: str) -> tuple[Check, ...]:
         self._require_variant(variant)

@@ -129,7 +129,7 @@ def _error_verdict(contract: Contract, case: Case, exp: Expectation,
         return Verdict("contract", "wrong-exception-type",
                        f"raised {type(error).__name__}: {error}; expected: it "
                        f"{exp.describe()}", check=exp.check, message=exp.message,
-                       extra={"exception": type(error).__name__})
+                       exception=type(error).__name__)
     got = str(error)
     if exp.message is not None and got != exp.message and messages == "exact":
         other = _which_message(contract, case, got)
@@ -137,10 +137,10 @@ def _error_verdict(contract: Contract, case: Case, exp: Expectation,
             return Verdict("contract", "wrong-check-order",
                            f"raised check {other}'s message {got!r}; check {exp.check} comes "
                            f"first and says {exp.message!r}", check=exp.check, message=exp.message,
-                           extra={"got": got, "got_check": other})
+                           got=got, got_check=other)
         return Verdict("contract", "wrong-message",
                        f"raised ValueError({got!r}); check {exp.check} says {exp.message!r}",
-                       check=exp.check, message=exp.message, extra={"got": got})
+                       check=exp.check, message=exp.message, got=got)
     if mutated:
         return Verdict("contract", "mutated-on-error",
                        f"raised the right error but modified {', '.join(mutated)} first",
@@ -228,13 +228,13 @@ def run_case(contract: Contract, case: Case, target: Callable[..., Any], *,
         if v is not None and exp.hole is not None and error is None and mutated:
             v = Verdict("contract", "wrote-on-degenerate-layout",
                         f"returned normally on a degenerate layout ({exp.hole}) but modified "
-                        f"{', '.join(mutated)}", extra={"hole": exp.hole})
+                        f"{', '.join(mutated)}", hole=exp.hole)
         return Outcome("fail" if v else "pass", exp, v)
     if error is not None:
         tb = "".join(traceback.format_exception_only(type(error), error)).strip()
         return Outcome("fail", exp, contract.valued(Verdict(
             "contract", "rejected-valid-layout", f"raised on a layout the contract accepts: {tb}",
-            extra={"exception": type(error).__name__})))
+            exception=type(error).__name__)))
     used: dict[str, float] | None = {} if budget and contract.judge_budget \
         else None
     facts: dict[str, Any] = {}
@@ -266,13 +266,13 @@ def run_case(contract: Contract, case: Case, target: Callable[..., Any], *,
 def under_configs(verdict: Verdict, saved: dict[str, Any]) -> Verdict:
     """``verdict`` of a call made under other configs of its kernels than their own
     (``configs.note``): their tag joins its signature, the configs its detail."""
-    if verdict.extra.get("config"):
+    if verdict.config:
         return verdict
-    extra = {**verdict.extra, "config": configs.tag(saved)}
+    raised: dict[str, Any] = {}
     if verdict.kind == "contract" and verdict.what in RAISED:  # known by what it raised
-        extra["exception"], extra["got"] = raised_by(verdict)
+        raised["exception"], raised["got"] = raised_by(verdict)
     fitted = f"; {saved['fitted']}" if saved.get("fitted") else ""
-    return replace(verdict, extra=extra,
+    return replace(verdict, config=configs.tag(saved), **raised,
                    detail=f"under other kernel configs ({configs.describe(saved)}{fitted}; "
                           "the campaign runs other configs only on cases that pass under the "
                           "kernels' own): " + verdict.detail)
@@ -307,7 +307,7 @@ def batch_variance(contract: Contract, case: Case, target: Callable[..., Any], *
                 f"{unit} re-run {'alone' if name == 'alone' else 'in another order'} "
                 f"({name}: {unit} {members[:8]}{'...' if len(members) > 8 else ''}) differ "
                 f"bitwise from the same {unit} of the whole batch: {where}",
-                extra={"sub_batch": name, unit: members[:64]}))
+                notes={"sub_batch": name, unit: members[:64]}))
     return Outcome("pass", exp)
 
 
@@ -357,7 +357,7 @@ def graph_replay(contract: Contract, case: Case, target: Callable[..., Any]) -> 
         return Outcome("fail", exp, Verdict(
             "mismatch", "graph-capture-failed",
             f"capturing one call in a CUDA graph raised {type(e).__name__}: "
-            f"{str(e).splitlines()[0] if str(e) else ''}", extra={"graph": True}))
+            f"{str(e).splitlines()[0] if str(e) else ''}", graph=True))
     for name, base in bases.items():
         base.copy_(fresh.tensors[name].base)
     graph.replay()
@@ -370,7 +370,7 @@ def graph_replay(contract: Contract, case: Case, target: Callable[..., Any]) -> 
     if v is None:
         return Outcome("pass", exp)
     return Outcome("fail", exp, replace(
-        v, what=f"graph-{v.what}", extra={**v.extra, "graph": True},
+        v, what=f"graph-{v.what}", graph=True,
         detail="replayed from a CUDA graph captured on other values of the same buffers: "
                + v.detail))
 

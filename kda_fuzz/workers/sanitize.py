@@ -161,7 +161,7 @@ class SanitizerReport:
         return Verdict("sanitizer", f"{self.tool}-{first.what}",
                        f"{self.tool}: {first.summary()}{more}; the outputs matched the "
                        "reference", output=first.tensor,
-                       extra={"tool": self.tool, "sanitizer": self.to_json()})
+                       tool=self.tool, notes={"sanitizer": self.to_json()})
 
 
 def parse_report(text: str, allocations: dict[str, tuple[int, int]] | None = None

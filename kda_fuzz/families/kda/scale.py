@@ -555,7 +555,7 @@ def judge_sampled(case: Case, kwargs: dict[str, Any], before: dict[str, torch.Te
             wrong = [n[: -len("-value")] for n, ok in zip(names, values)
                      if n.endswith("-value") and ok != 1.0]
             return replace(v, detail=f"{v.detail} ({judged}; wrong: "
-                           f"{', '.join(wrong)})", extra={**v.extra, "outputs": wrong})
+                           f"{', '.join(wrong)})", wrong_outputs=wrong)
     if values[len(names)] != 1.0:
         raise Unjudgeable("float64 result exceeds half the range of the stored dtype")
     return None

@@ -157,7 +157,7 @@ def _place(name: str, pos: list[int], rows: torch.Tensor,
 def compare(name: str, got: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor,
              rows: torch.Tensor, slots: torch.Tensor) -> Verdict | None:
     """A ``{name}-value`` mismatch naming the worst element (in the tensor's own shape,
-    also in ``extra["index"]``) and how many elements are out of tolerance; ``where`` is
+    also in ``notes["index"]``) and how many elements are out of tolerance; ``where`` is
     the minimizer's hint [batch row, value head, v(, k)]."""
     x = _excess(got, ref, bound)
     if x is None:
@@ -171,7 +171,7 @@ def compare(name: str, got: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor
         f"{x['bound']:.3g}, {x['ratio']:.3g}x the bound); {x['bad']} of {x['numel']} "
         f"elements out of tolerance",
         output=name, max_error=x["max_error"], where=where,
-        extra={"index": index, "out_of_tolerance": x["bad"], "ratio": x["ratio"]},
+        notes={"index": index, "out_of_tolerance": x["bad"], "ratio": x["ratio"]},
     )
 
 
@@ -448,8 +448,8 @@ def _diagnose(kwargs: dict[str, Any], before: dict[str, torch.Tensor],
                     f"(worst initial_state{index}, {words}: {sx['ratio']:.3g}x the bound)")
         outputs = ["out", "initial_state"] if sx else ["out"]
         return replace(v, detail=f"{v.detail}; {tail}",
-                       extra={**v.extra, "state_out_of_tolerance": sx["bad"] if sx else 0,
-                              "outputs": outputs})
+                       notes={**v.notes, "state_out_of_tolerance": sx["bad"] if sx else 0},
+                       wrong_outputs=outputs)
 
     # state: every cell of the pool outside the named slots bit-identical; those within bound.
     return _untouched(masks) or compare("initial_state", state[slots], ref["state"],
@@ -487,16 +487,16 @@ def cross_judge(case: Case, before: dict[str, torch.Tensor],
             detail = v.detail.replace("the float64 reference", name_b).replace(
                 "got", f"{name_a} gave", 1).replace("expected", f"{name_b} gave", 1)
             return Verdict("mismatch", f"peers-disagree-{output}", detail, output=output,
-                           max_error=v.max_error, where=v.where, extra=v.extra)
+                           max_error=v.max_error, where=v.where, notes=v.notes)
     return None
 
 
 
 def upgrade_verdict(v: Verdict) -> Verdict:
     """A verdict read from a corpus file in today's terms: files written before
-    ``extra["outputs"]`` was recorded said that the state was out of tolerance too (wrong
-    values of ``out``) only by ``extra["state_out_of_tolerance"]``."""
-    if v.extra.get("outputs") or not v.extra.get("state_out_of_tolerance"):
+    ``wrong_outputs`` was recorded said that the state was out of tolerance too (wrong
+    values of ``out``) only by ``notes["state_out_of_tolerance"]``."""
+    if v.wrong_outputs or not v.notes.get("state_out_of_tolerance"):
         return v
     named = sorted({*([v.output] if v.output else []), "initial_state"})
-    return replace(v, extra={**v.extra, "outputs": named})
+    return replace(v, wrong_outputs=named)
