@@ -5,15 +5,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import re
 import sys
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+from kda_fuzz.campaign.spec import UsageError, shard_of
 from kda_fuzz.names import DEFAULT_FAMILY, FAMILIES, SOLE_VARIANT, VARIANTS, label
 
 # Nothing heavy (torch, the contracts, the kernels) is imported above this line or before
@@ -37,7 +38,6 @@ def _process_started() -> float:
 
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
-DEFAULT_CORPUS = os.path.join("corpus", "found")  # collected by the pytest plugin
 
 DESCRIPTION = """\
 Differential fuzzing and regression tests for packed KDA/GDN decode kernels.
@@ -68,10 +68,6 @@ SHOW_EXAMPLES = """\
 examples:
   kda-fuzz show corpus/contract-aa883986dd44afc4.json
   kda-fuzz show --python corpus/found/mismatch-0123456789abcdef.json > repro.py"""
-
-
-class UsageError(Exception):
-    """Bad command line or target: exit 2 with a one-line reason."""
 
 
 class _Deprecated(argparse.Action):
@@ -459,7 +455,7 @@ def check_fuzz_args(args: argparse.Namespace) -> None:
         if not ok:
             raise UsageError(f"--jobs must be a positive integer or auto, not {args.jobs!r}")
     if args.shard is not None:
-        _shard(args)
+        shard_of(args)
     if args.family is not None:
         _check_variant(args.family, args.contract)
     elif args.contract is not None and args.contract not in VARIANTS \
@@ -591,44 +587,19 @@ def _start_line(args: argparse.Namespace, jobs: int) -> str:
     return line
 
 
-def _supervisor(args: argparse.Namespace, names: tuple[list[str], list[str]], jobs: int,
-                options: dict[str, Any]) -> Any:
-    from kda_fuzz.campaign.spec import CampaignOptions
-    from kda_fuzz.campaign.supervisor import Supervisor
-
-    return Supervisor(args.family, args.contract, names[0], jobs, peers=names[1],
-                      timeout=args.timeout, options=CampaignOptions.of(**options),
-                      isolate=not args.no_isolate)
-
-
 def _wants_example_db(args: argparse.Namespace) -> bool:
     """Whether a shared example database is named (its replay comes first)."""
     cfg = _config()
     return args.example_db is not None or bool(cfg.present and cfg.example_db)
 
 
-def _contract(args: argparse.Namespace) -> Any:
-    from kda_fuzz.families import get_contract
-
-    try:
-        contract = get_contract(args.family or DEFAULT_FAMILY)
-        if args.contract is not None:
-            contract.checks_for(args.contract)
-    except ValueError as e:
-        raise UsageError(str(e)) from e
-    return contract
-
-
 def _fuzz(args: argparse.Namespace, signals: Any = None) -> int:
     """``kda-fuzz fuzz``; SIGINT and SIGTERM handled by ``signals`` (an entered
     :class:`~kda_fuzz.campaign.interrupt.Signals`; ``None``: its own, for the whole command)."""
-    from kda_fuzz.campaign.findings import FindingSaver
     from kda_fuzz.campaign.interrupt import Signals
     from kda_fuzz.campaign.plan import share_of
-    from kda_fuzz.campaign.spec import CampaignOptions
-    from kda_fuzz.corpus.replay import replay_command_line
+    from kda_fuzz.campaign.spec import resolve
     from kda_fuzz.report.progress import Progress
-    from kda_fuzz.workers.deadline import Deadline
 
     if getattr(args, "chosen", None) is None:  # main did so already; other callers may not
         check_fuzz_args(args)
@@ -637,13 +608,12 @@ def _fuzz(args: argparse.Namespace, signals: Any = None) -> int:
         with Signals() as own:
             return _fuzz(args, own)
 
-    contract = _contract(args)
-    shard = _shard(args)
+    spec = resolve(args, _config())  # the one campaign every phase below runs
     if getattr(args, "helion_autotune", False):  # before any process is started: they inherit it
         from kda_fuzz.execution.configs import ask_autotuning
 
         ask_autotuning()
-    if not (args.no_isolate and args.jobs == "1"):
+    if not (not spec.isolate and spec.jobs == 1):
         from kda_fuzz.execution import device_free_imports, kernel_libraries
         from kda_fuzz.workers.process import start_fork_server
 
@@ -651,97 +621,60 @@ def _fuzz(args: argparse.Namespace, signals: Any = None) -> int:
         # CPU campaign the kernel libraries of the targets (imported once, not once per
         # job and restart; the fork server leaves them out where a GPU is visible, but
         # not what they import that touches no device)
-        libraries = kernel_libraries(list(args.chosen.targets.specs))
-        start_fork_server(libraries if args.device == "cpu" else (),
+        libraries = kernel_libraries(list(spec.targets))
+        start_fork_server(libraries if spec.device == "cpu" else (),
                           device_free_imports(libraries))
-    _prepare_device(args.device, contract)
-    jobs = _jobs(args)
-    options = dict(
-        device=args.device, max_examples=args.max_examples, seed=args.seed,
-        valid_share=args.valid_share, max_seconds=args.max_seconds,
-        max_failures=args.max_failures, messages=args.messages, strict=args.strict,
-        invariance=args.invariance, cuda_graphs=args.cuda_graphs, history=bool(args.report),
-        sanitize=args.sanitize, sanitize_every=args.sanitize_every,
-        kernel_configs=args.helion_configs,
-        **_shaping(args, contract))
-    options.update(_pinned(args, contract))
-    options["seeds"], seed_notes = _seed_layouts(args.seed_layouts, contract)
-    if shard is not None:  # the plan of the whole campaign, this shard's share of it
-        from kda_fuzz.campaign.shard import DEFAULT_SEED
-
-        options.update(max_examples=args.max_examples * shard.count,
-                       shard=(shard.index, shard.count),
-                       seed=DEFAULT_SEED if args.seed is None else args.seed)
-    if options["seed"] is None:  # chosen here: the saved files name it
-        options["seed"] = random.randrange(2**31)
-    started = getattr(args, "started", None) or time.monotonic()
-    # the one clock of every phase below: the jobs stop drawing first, then are stopped,
-    # then the findings are settled, then the command ends
-    clock = None if args.max_seconds is None else Deadline(started, args.max_seconds)
-    deadline = None if clock is None else clock.end
-    if clock is not None:
-        options["deadline"] = clock.draw
+    _prepare_device(spec.device, spec.contract)
     early = None
-    specs, peer_specs = _target_specs(args, contract)
-    if args.device.startswith("cuda") and not (jobs == 1 and args.no_isolate) \
+    if spec.device.startswith("cuda") and not (spec.jobs == 1 and not spec.isolate) \
             and not _wants_example_db(args):
         # cuda campaigns are not calibrated: start the jobs now, so that their imports of
         # the targets (seconds for a Helion kernel) overlap the checks here
-        early = _supervisor(args, (specs, peer_specs), jobs, options)
+        from kda_fuzz.campaign.supervisor import Supervisor
+
+        early = Supervisor(spec)
         early.start()
     try:
-        targets, peers = _loaded(specs, contract), _loaded(peer_specs, contract)
-        db = _example_db(args, contract, [*targets, *peers])
-        report_notes = [*_pin_notes(options, [*targets, *peers], contract, args.contract),
-                        *seed_notes,
-                        *_calibrated(args, contract, targets, peers, options, clock)]
-        share = None
-        if shard is not None:
-            share = share_of(contract, args.contract, CampaignOptions.of(**options), jobs)
+        targets = _loaded(list(spec.targets), spec.contract)
+        peers = _loaded(list(spec.peers), spec.contract)
+        db = _example_db(args, spec, [*targets, *peers])
+        spec, calibration_notes = _calibrated(args, spec, [*targets, *peers])
+        report_notes = [*_pin_notes(spec, [*targets, *peers]), *spec.notes,
+                        *calibration_notes]
+        share = None if spec.shard is None else share_of(spec.contract, spec.variant,
+                                                         spec.options, spec.jobs)
         replay = None
         if db is not None:
             from kda_fuzz.campaign.exampledb import replay_stored
 
-            replay = replay_stored(db[0], db[1], db[2], contract, args.contract,
-                                   [*targets, *peers], device=args.device,
-                                   isolate=not args.no_isolate, timeout=args.timeout,
-                                   messages=args.messages, strict=args.strict,
-                                   deadline=None if clock is None else clock.replay)
+            replay = replay_stored(db[0], db[1], db[2], spec.contract, spec.variant,
+                                   [*targets, *peers], device=spec.device,
+                                   isolate=spec.isolate, timeout=spec.budget.timeout,
+                                   messages=spec.options.messages, strict=spec.options.strict,
+                                   deadline=spec.budget.replay)
     except BaseException:  # a usage error, an interrupt: the jobs started go too
         if early is not None:
             early.abort()
         raise
-    print(_start_line(args, jobs), file=sys.stderr)
-    corpus = None if args.no_save else args.corpus or _default_corpus()
+    print(_start_line(args, spec.jobs), file=sys.stderr)
+    run = _Run(args, spec, report_notes, share, db, replay, signals)
     # from here on a first signal is remembered (the phases below act on it): the command
     # wraps up, saves and summarizes, then exits 128 + the signal
     with signals.stopping(lambda stop: None):
         with Progress(share["examples"] if share else args.max_examples,
                       enabled=not args.json) as progress:
-            saver = FindingSaver(
-                contract, corpus, seed=options["seed"], device=args.device, timeout=args.timeout,
-                shrink_seconds=args.shrink_seconds, messages=args.messages, strict=args.strict,
-                workers=min(jobs, 4), deadline=clock, sanitize=args.sanitize,
-                skip=frozenset(f.signature for f in replay.failures) if replay else frozenset(),
-                on_found=progress.found, on_saved=progress.saved,
-                reproduce=lambda f: replay_command_line(f.target, f.saved, variant=args.contract,
-                                                        device=args.device, timeout=args.timeout,
-                                                        family=contract.name))
-            if jobs == 1 and args.no_isolate:
+            run.saver = saver = _saver(spec, replay, progress)
+            if spec.jobs == 1 and not spec.isolate:
                 with signals.stopping(saver.request):
                     if signals.stop is not None:  # one came in since the campaign phase began
                         saver.request(signals.stop)
-                    report = _in_process(args, contract, targets, peers, options, signals, saver,
-                                         progress, clock, lambda r: _wrap_up(
-                                             args, contract, r, _merge_replayed(r, replay),
-                                             report_notes, corpus, saver, share, shard, db,
-                                             replay, signals))
+                    report = _in_process(run, targets, peers, progress)
                     new = _merge_replayed(report, replay)
             else:
-                sup = early or _supervisor(args, ([t.name for t in targets],
-                                                  [p.name for p in peers]), jobs, options)
+                from kda_fuzz.campaign.supervisor import Supervisor
+
+                sup = early or Supervisor(spec)
                 sup.on_example, sup.on_found = progress.update, saver.found
-                sup.hard_deadline = None if clock is None else clock.kill
 
                 def on_signal(stop: Any) -> None:
                     sup.interrupt(stop)
@@ -753,34 +686,65 @@ def _fuzz(args: argparse.Namespace, signals: Any = None) -> int:
                     report = sup.run()
                     new = _merge_replayed(report, replay)
                     saver.finish()
-        if signals.received is None and deadline is not None and (
-                saver.stopped is not None or time.monotonic() >= options["deadline"]):
-            report.extra["stopped"] = "deadline"
-            if saver.stopped is not None:
-                report.notes.append(f"--max-seconds {args.max_seconds:g}: the deadline cut "
-                                    "minimization short")
-        return _wrap_up(args, contract, report, new, report_notes, corpus, saver, share,
-                        shard, db, replay, signals)
+        if saver.stopped is not None and report.stopped is None:  # minimization was cut
+            from kda_fuzz.campaign.channel import ExitReason, Stop
+
+            report.stopped = Stop(ExitReason.DEADLINE)
+        if saver.stopped is not None and signals.received is None:
+            report.notes.append(f"--max-seconds {args.max_seconds:g}: the deadline cut "
+                                "minimization short")
+        return run.wrap_up(report, new)
 
 
-def _in_process(args: argparse.Namespace, contract: Any, targets: list[Any], peers: list[Any],
-                options: dict[str, Any], signals: Any, saver: Any, progress: Any, clock: Any,
-                wrap_up: Any) -> Any:
+def _saver(spec: Any, replay: Any, progress: Any) -> Any:
+    """The campaign's finding saver: each new distinct failure minimized and saved as it
+    comes (those the example database replayed are its own)."""
+    from kda_fuzz.campaign.findings import FindingSaver
+    from kda_fuzz.corpus.replay import replay_command_line
+
+    return FindingSaver(
+        spec, skip=frozenset(f.signature for f in replay.failures) if replay else frozenset(),
+        on_found=progress.found, on_saved=progress.saved,
+        reproduce=lambda f: replay_command_line(f.target, f.saved, variant=spec.variant,
+                                                device=spec.device,
+                                                timeout=spec.budget.timeout,
+                                                family=spec.family))
+
+
+@dataclass
+class _Run:
+    """One ``kda-fuzz fuzz`` command past its start: the spec and what its wrap-up needs."""
+
+    args: argparse.Namespace
+    spec: Any
+    notes: list[str]
+    share: Any
+    db: Any
+    replay: Any
+    signals: Any
+    saver: Any = None
+
+    def wrap_up(self, report: Any, new: list[Any]) -> int:
+        return _wrap_up(self, report, new)
+
+
+def _in_process(run: _Run, targets: list[Any], peers: list[Any], progress: Any) -> Any:
     """The campaign of ``--jobs 1 --no-isolate``: its targets called in this process, each
     new failure minimized and saved right there; its report. A call no one can stop (a
-    hang, or a call slower than the time left) does not outlive ``clock``: at its
-    ``draw`` instant the campaign is asked to stop, and if it has not returned by its
-    ``kill`` instant, a watchdog thread wraps the command up with what was found so far (every
-    failure saved, as found where it was not minimized: ``wrap_up(report)``, the exit
-    code) and ends the process; the call is left where it is."""
+    hang, or a call slower than the time left) does not outlive the budget's clock: at
+    its ``draw`` instant the campaign is asked to stop, and if it has not returned by its
+    ``kill`` instant, a watchdog thread wraps the command up with what was found so far
+    (every failure saved, as found where it was not minimized, and the exit code) and
+    ends the process; the call is left where it is."""
+    from kda_fuzz.campaign.channel import ExitReason, Stop
     from kda_fuzz.campaign.runner import Campaign
-    from kda_fuzz.campaign.spec import CampaignOptions
     from kda_fuzz.workers.deadline import Watchdog
 
+    spec, signals, saver = run.spec, run.signals, run.saver
     by_name = {t.name: t for t in [*targets, *peers]}
     watch: Watchdog | None = None
-    c = Campaign(contract, args.contract, targets, peers=peers,
-                 options=CampaignOptions.of(**options), on_example=progress.update,
+    c = Campaign(spec.contract, spec.variant, targets, peers=peers, options=spec.options,
+                 on_example=progress.update,
                  stop=lambda: signals.received is not None or (watch is not None and watch.fired),
                  on_failure=lambda f, new: saver.found_inline(f, by_name.get(f.target))
                  if new else None)
@@ -792,20 +756,20 @@ def _in_process(args: argparse.Namespace, contract: Any, targets: list[Any], pee
         try:
             report = c.report
             report.notes.append(
-                f"--max-seconds {args.max_seconds:g}: the example in flight in this process "
-                "(--no-isolate: a target call cannot be stopped) had not ended by the "
-                "deadline and was left running: these are the results until then, every "
+                f"--max-seconds {spec.budget.max_seconds:g}: the example in flight in this "
+                "process (--no-isolate: a target call cannot be stopped) had not ended by "
+                "the deadline and was left running: these are the results until then, every "
                 "confirmed failure saved (as found if it was being minimized)")
-            report.extra["stopped"] = "deadline"
+            report.stopped = Stop(ExitReason.DEADLINE)
             progress.__exit__(None, None, None)
-            code = wrap_up(report)
+            code = run.wrap_up(report, _merge_replayed(report, run.replay))
         except BaseException as e:  # ours: said, and the process ends all the same
             print(f"kda-fuzz: internal error: {type(e).__name__}: {e}", file=sys.stderr)
         exit_from_thread(code)
 
-    if clock is not None:
-        # (the minimization in this thread ends by itself at clock.settle)
-        watch = Watchdog(clock.draw, clock.kill, lambda: None, take_over).start()
+    if spec.budget.clock is not None:
+        # (the minimization in this thread ends by itself at the budget's settle instant)
+        watch = Watchdog(spec.budget.draw, spec.budget.kill, lambda: None, take_over).start()
     try:
         report = c.run()
     except BaseException:
@@ -819,50 +783,51 @@ def _in_process(args: argparse.Namespace, contract: Any, targets: list[Any], pee
     return report
 
 
-def _calibrated(args: argparse.Namespace, contract: Any, targets: list[Any], peers: list[Any],
-                options: dict[str, Any], clock: Any = None) -> list[str]:
-    """Measure foreign targets on cpu and size the campaign's layouts to them (updating
-    ``options``); the notes it adds to the summary. With ``clock`` (the
-    :class:`~kda_fuzz.workers.deadline.Deadline`) the measurement ends by its
-    ``calibrate`` instant: a target that hangs leaves the campaign its time."""
+def _calibrated(args: argparse.Namespace, spec: Any, targets: list[Any]
+                ) -> tuple[Any, list[str]]:
+    """Measure foreign targets on cpu and size the campaign's layouts to them: the spec
+    with those sizes, and the notes it adds to the summary. The measurement ends by the
+    budget's ``calibrate`` instant: a target that hangs leaves the campaign its time."""
     notes = []
+    contract = spec.contract
     given = any(getattr(args, k.dest, None) for k in contract.knobs.options if k.calibrated)
-    if not args.device.startswith("cuda") and not given \
-            and not _own_kernels(targets, contract, args.contract):
+    if not spec.device.startswith("cuda") and not given \
+            and not _own_kernels(targets[:len(spec.targets)], contract, spec.variant):
         from kda_fuzz.campaign.calibrate import apply, calibrate
 
-        for t in [*targets, *peers]:
-            sizing = calibrate(contract, args.contract, t.name, timeout=args.timeout,
-                               deadline=None if clock is None else clock.calibrate)
+        for t in targets:
+            sizing = calibrate(contract, spec.variant, t.name, timeout=spec.budget.timeout,
+                               deadline=spec.budget.calibrate)
             if sizing is not None:
-                apply(sizing, options)
+                spec = apply(sizing, spec)
                 notes.append(f"{t.name}: {sizing.note()}")
                 print(f"kda-fuzz: {t.name}: {sizing.note()}", file=sys.stderr)
-    return notes
+    return spec, notes
 
 
-def _wrap_up(args: argparse.Namespace, contract: Any, report: Any, new: list[Any],
-             report_notes: list[str], corpus: str | None, saver: Any, share: Any, shard: Any,
-             db: Any, replay: Any, signals: Any) -> int:
+def _wrap_up(run: _Run, report: Any, new: list[Any]) -> int:
     """Save what is not saved yet, the example database, the report and the summary; the
     exit code."""
     from kda_fuzz.campaign.results import require_executed
 
-    report.notes[:0] = report_notes
+    args, spec, signals, replay = run.args, run.spec, run.signals, run.replay
+    contract = spec.contract
+    report.notes[:0] = run.notes
     stop = signals.stop
     if stop is not None:
         report.notes.insert(0, f"{stop}: the campaign stopped drawing; these are partial "
                                "results, every confirmed failure saved")
-        report.extra["stopped"] = stop.reason.value
+        report.stopped = stop
     if args.jobs == "auto":
-        report.notes.insert(0, f"--jobs auto: {_jobs(args)} job(s)")
+        report.notes.insert(0, f"--jobs auto: {spec.jobs} job(s)")
     require_executed(report)
     if contract.report_notes is not None:
         report.notes += contract.report_notes(report)
-    if args.sanitize:
+    o = spec.options
+    if o.sanitize:
         from kda_fuzz.campaign.sanitizing import sanitizer_note
 
-        report.notes.append(sanitizer_note(report, args.sanitize, args.sanitize_every))
+        report.notes.append(sanitizer_note(report, o.sanitize, o.sanitize_every))
     if report.pinned:
         report.notes.append(pinned_note(report.pinned))
     if report.graph_checks:
@@ -870,14 +835,14 @@ def _wrap_up(args: argparse.Namespace, contract: Any, report: Any, new: list[Any
                             "once and replayed on other values of the same buffers")
     if report.batch_checks:
         report.notes.append(
-            f"batch invariance (--invariance {args.invariance}): {report.batch_checks} valid "
+            f"batch invariance (--invariance {o.invariance}): {report.batch_checks} valid "
             "case(s) re-run in other batches (a row alone, the rows reversed), judged like any "
             "case" + (" and compared bit for bit with the whole batch's rows"
-                      if args.invariance == "bitwise" else ""))
-    if args.helion_configs:
+                      if o.invariance == "bitwise" else ""))
+    if o.kernel_configs:
         skipped = sum(report.config_skips.values())
         report.notes.append(
-            f"--helion-configs {args.helion_configs}: {report.config_checks} valid case(s) "
+            f"--helion-configs {o.kernel_configs}: {report.config_checks} valid case(s) "
             f"also run under other configs of their Helion and autotuned Triton kernels: "
             f"{report.config_runs} "
             f"run(s) judged, {skipped} config(s) skipped (they do not compile or run here)"
@@ -888,18 +853,18 @@ def _wrap_up(args: argparse.Namespace, contract: Any, report: Any, new: list[Any
                 "the drawn config had tensor descriptors: the call's tensors were not 16-byte "
                 "aligned, and Helion does not check a descriptor's base address (a kernel "
                 "autotuned to such a config faults on such calls, whatever its code)")
-    if corpus and report.failures:
-        _save(report, contract, corpus, args, done=saver.settled)
-    if share is not None:
+    if spec.corpus and report.failures:
+        _save(report, spec, args, done=run.saver.settled)
+    if run.share is not None:
         from kda_fuzz.campaign.shard import note
 
-        report.extra["shard"] = share
-        report.notes.insert(0, note(share))
-    if db is not None and replay is not None:
+        report.extra["shard"] = run.share
+        report.notes.insert(0, note(run.share))
+    if run.db is not None and replay is not None:
         from kda_fuzz.campaign.exampledb import save_failures
 
-        replay.saved = save_failures(db[0], db[2], new, seed=report.seed,
-                                     shard=str(shard) if shard else None)
+        replay.saved = save_failures(run.db[0], run.db[2], new, seed=report.seed,
+                                     shard=str(spec.shard) if spec.shard else None)
         report.extra["example_db"] = replay.to_json()
         report.notes.append(replay.note())
     if args.report:
@@ -913,84 +878,18 @@ def _wrap_up(args: argparse.Namespace, contract: Any, report: Any, new: list[Any
     return EXIT_FAILURE if report.failures else EXIT_OK
 
 
-def _pinned(args: argparse.Namespace, contract: Any) -> dict[str, Any]:
-    """``--layout`` pins and ``--unsupported`` features as campaign options, checked now
-    (a pin no valid layout can have is a usage error)."""
-    from kda_fuzz.families.packed.pins import PinError, parse_layout, scalar_of
 
-    if not 0 <= args.layout_share <= 1:
-        raise UsageError("--layout-share must be between 0 and 1")
-    cfg = _config()
-    layouts = []
-    for spec in args.layout:
-        if "=" not in spec:
-            if spec not in cfg.layouts:
-                raise UsageError(f"--layout {spec!r}: no such preset in [tool.kda-fuzz.layouts]"
-                                 f" (presets: {', '.join(cfg.layouts) or 'none'})")
-            layouts.append((spec, {k: scalar_of(v) if isinstance(v, str) else v
-                                   for k, v in cfg.layouts[spec].items()}))
-            continue
-        try:
-            layouts.append((spec.replace(",", " "), parse_layout(spec)))
-        except PinError as e:
-            raise UsageError(f"--layout: {e}") from None
-    unsupported = [*args.unsupported]
-    for spec in [*(args.target or []), *(args.peer or [])]:
-        unsupported += cfg.unsupported.get(spec, [])
-    try:
-        for _name, pins in layouts:
-            contract.valid_cases(args.contract, pins=pins)
-        if unsupported:
-            if contract.restrict is None:
-                raise UsageError(f"family {contract.name!r} declares no features to leave out")
-            contract.restrict(unsupported, args.contract)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    return {"layouts": tuple(layouts), "layout_share": args.layout_share,
-            "unsupported": tuple(dict.fromkeys(unsupported))}
-
-
-def _seed_layouts(paths: Sequence[str], contract: Any) -> tuple[tuple[str, ...], list[str]]:
-    """The corpus files of ``--seed-layouts`` for ``contract``'s family, each checked now
-    (a file that does not decode is a usage error), and the summary's note."""
-    if not paths:
-        return (), []
-    from kda_fuzz.corpus.store import load_case
-
-    files: list[Path] = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            files += sorted(p.rglob("*.json"))
-        elif p.is_file():
-            files.append(p)
-        else:
-            raise UsageError(f"--seed-layouts {p}: no such file or folder")
-    mine, other = [], 0
-    for f in files:
-        try:
-            case, _, _ = load_case(f)
-        except Exception as e:  # a bad file is the user's to fix: say which one
-            raise UsageError(f"--seed-layouts: {f}: {e}") from None
-        if case.contract == contract.name:
-            mine.append(str(f))
-        else:
-            other += 1
-    note = (f"seed layouts: {len(mine)} corpus case(s) run first, as they are"
-            + (f" ({other} file(s) of other families left out)" if other else ""))
-    return tuple(mine), [note]
-
-
-def _pin_notes(options: dict[str, Any], targets: list[Any], contract: Any,
-               variant: str) -> list[str]:
+def _pin_notes(spec: Any, targets: list[Any]) -> list[str]:
     """What the summary says of pinned layouts and of what was left out."""
     notes = []
-    if options.get("layouts"):
-        names = "; ".join(n for n, _ in options["layouts"])
-        notes.append(f"pinned layouts: {options['layout_share']:.0%} of the valid examples "
+    options, contract, variant = spec.options, spec.contract, spec.variant
+    if options.layouts:
+        names = "; ".join(n for n, _ in options.layouts)
+        notes.append(f"pinned layouts: {options.layout_share:.0%} of the valid examples "
                      f"on {names} (the unpinned fields drawn around them), the rest over "
                      "the whole space")
     declared = [u for t in targets for u in getattr(t.fn, "kda_fuzz_unsupported", ())]
-    left = tuple(dict.fromkeys([*options.get("unsupported", ()), *declared]))
+    left = tuple(dict.fromkeys([*options.unsupported, *declared]))
     if left and contract.restrict is not None:
         from kda_fuzz.families.packed.pins import describe
 
@@ -1015,19 +914,7 @@ def pinned_note(pinned: dict[str, int]) -> str:
         f"{name}: {', '.join(parts)}" for name, parts in sorted(by.items()))
 
 
-def _shard(args: argparse.Namespace) -> Any:
-    """``--shard I/N`` as a :class:`~kda_fuzz.campaign.shard.Shard` (``None`` without it)."""
-    if args.shard is None:
-        return None
-    from kda_fuzz.campaign.shard import parse_shard
-
-    try:
-        return parse_shard(args.shard)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-
-
-def _example_db(args: argparse.Namespace, contract: Any, targets: list[Any]
+def _example_db(args: argparse.Namespace, spec: Any, targets: list[Any]
                 ) -> tuple[Any, str, bytes] | None:
     """The example database (``--example-db``, else the project's ``example_db``), its
     URL and the key of this campaign's failures; ``None`` without one."""
@@ -1043,7 +930,7 @@ def _example_db(args: argparse.Namespace, contract: Any, targets: list[Any]
         db = open_database(url)
     except ExampleDbError as e:
         raise UsageError(str(e)) from None
-    return db, url, campaign_key(contract.name, args.contract, [t.name for t in targets])
+    return db, url, campaign_key(spec.family, spec.variant, [t.name for t in targets])
 
 
 def _merge_replayed(report: Any, replay: Any) -> list[Any]:
@@ -1055,14 +942,7 @@ def _merge_replayed(report: Any, replay: Any) -> list[Any]:
     return merge_replayed(report, replay.failures)
 
 
-def _default_corpus() -> str:
-    cfg = _config()
-    if cfg.present and cfg.corpus_dirs:
-        return str(cfg.corpus_dirs[0] / "found")
-    return DEFAULT_CORPUS
-
-
-def _save(report: Any, contract: Any, corpus: str, args: argparse.Namespace,
+def _save(report: Any, spec: Any, args: argparse.Namespace,
           done: Sequence[Any] = ()) -> None:
     """Save each distinct failure not in ``done`` (saved as found); one too large for a
     corpus file is described instead. Outside a project that opted in, say how pytest
@@ -1081,10 +961,11 @@ def _save(report: Any, contract: Any, corpus: str, args: argparse.Namespace,
                 report.saved.append(f.saved)
             continue
         try:
-            f.saved = str(save_failure(f, corpus, contract=contract, seed=report.seed))
-            f.reproduce = replay_command_line(f.target, f.saved, variant=report.variant,
-                                              device=args.device, timeout=args.timeout,
-                                              family=contract.name)
+            f.saved = str(save_failure(f, spec.corpus, contract=spec.contract,
+                                       seed=report.seed))
+            f.reproduce = replay_command_line(f.target, f.saved, variant=spec.variant,
+                                              device=spec.device, timeout=spec.budget.timeout,
+                                              family=spec.family)
             if f.note.startswith(SEEN_AGAIN):  # a bug the corpus already holds
                 print(f"kda-fuzz: {f.verdict.kind}/{f.verdict.what} on {f.target}: {f.note}",
                       file=sys.stderr)
@@ -1098,7 +979,7 @@ def _save(report: Any, contract: Any, corpus: str, args: argparse.Namespace,
     if report.saved and args.target and not _config().present:
         print("kda-fuzz: to replay the saved cases with pytest against your kernel, add to "
               "your pyproject.toml:\n\n[tool.kda-fuzz]\ncorpus = [\"corpus\"]\n"
-              + config_snippet(contract.name, args.contract, args.target) + "\n",
+              + config_snippet(spec.family, spec.variant, args.target) + "\n",
               file=sys.stderr)
 
 
@@ -1106,34 +987,6 @@ def _own_kernels(targets: list[Any], contract: Any, variant: str) -> bool:
     """Whether ``targets`` are the contract's own kernels for ``variant``."""
     own = contract.default_targets.get(variant, ())
     return bool(targets) and all(t.name in own for t in targets)
-
-
-def _shaping(args: argparse.Namespace, contract: Any = None) -> dict[str, Any]:
-    """The campaign's compile groups (8 on cuda) and the family's sizes, resolved once by
-    its ``Knobs.resolve`` from its options' values and the device (``contract`` None:
-    the family of ``args``, else the default one)."""
-    from kda_fuzz.families import knobs_of
-
-    knobs = (contract.knobs if contract is not None
-             else knobs_of(getattr(args, "family", None) or DEFAULT_FAMILY))
-    cuda = args.device.startswith("cuda")
-    values = {k.dest: getattr(args, k.dest, k.default) for k in knobs.options}
-    return {"families": args.families if args.families is not None else (8 if cuda else 0),
-            **knobs.resolve(values, args.device, bool(args.target))}
-
-
-def _jobs(args: argparse.Namespace) -> int:
-    if args.jobs == "auto":
-        from kda_fuzz.campaign.supervisor import auto_jobs
-
-        return auto_jobs(args.device)
-    try:
-        jobs = int(args.jobs)
-    except ValueError:
-        jobs = 0
-    if jobs < 1:
-        raise UsageError(f"--jobs must be a positive integer or auto, not {args.jobs!r}")
-    return jobs
 
 
 def _print_report(report: Any, as_json: bool) -> None:

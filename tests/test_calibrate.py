@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kda_fuzz.campaign.calibrate import EXAMPLE_SECONDS, INTERPRETED_ROW_HEAD, apply, calibrate
+from kda_fuzz.campaign.spec import CampaignSpec
 from kda_fuzz.families import get_contract
 
 KDA = get_contract("kda")
@@ -12,8 +13,9 @@ def test_an_interpreted_kernel_gets_sizes_that_fit_the_time() -> None:
     sizing = calibrate(KDA, "triton", "tests.foreign.triton_row_program:decode")
     assert sizing is not None and sizing.per_row_head > INTERPRETED_ROW_HEAD
     assert 1 <= sizing.max_bhv < 4096 and sizing.budget <= 1 << 18
-    options: dict = {"budget": None, "max_b": None, "max_bhv": None}
-    apply(sizing, options)
+    spec = CampaignSpec.of(KDA, "triton", ["tests.foreign.triton_row_program:decode"],
+                           budget=None, max_b=None, max_bhv=None)
+    options = apply(sizing, spec).options.sizes
     assert options["max_bhv"] == sizing.max_bhv and options["budget"] == sizing.budget
     assert options["max_b"] <= sizing.max_bhv
     # the caps keep the predicted example time near the target

@@ -322,7 +322,7 @@ def test_show_python_rebuilds_the_arguments_bit_for_bit(tmp_path: Path) -> None:
 
 def test_argparse_namespace_of_old_callers_still_works() -> None:
     """``_shaping`` reads ``families`` from the namespace, as before the rename."""
-    from kda_fuzz.cli import _shaping
+    from kda_fuzz.campaign.spec import shaping as _shaping
 
     base = dict(device="cuda", target=None, families=None, no_bucket=False, max_b=None,
                 budget=None, scale_share=None, scale_budget=None)

@@ -167,11 +167,11 @@ def test_isolated_replay_of_a_crash_entry(tmp_path: Path) -> None:
     db = DirectoryBasedExampleDatabase(str(tmp_path / "db"))
     target = "tests.hostile_targets:aborts_on_padding"
     key = campaign_key("kda", "triton", [target])
-    from kda_fuzz.campaign.spec import CampaignOptions
+    from kda_fuzz.campaign.spec import CampaignSpec
     from kda_fuzz.campaign.supervisor import Supervisor
 
-    report = Supervisor("kda", "triton", [target], 1, options=CampaignOptions(
-        max_examples=60, seed=1, max_failures=1)).run()
+    report = Supervisor(CampaignSpec.of("kda", "triton", [target], max_examples=60, seed=1,
+                                        max_failures=1)).run()
     assert report.failures and report.failures[0].verdict.kind == "crash"
     save_failures(db, key, report.failures[:1], seed=1)
     from kda_fuzz.engine.targets import load_target

@@ -21,7 +21,7 @@ from rich.console import Console
 from kda_fuzz.campaign.channel import ExitReason, JobFound, JobProgress, JobRepeat, Stop
 from kda_fuzz.campaign.interrupt import Interrupted, Signals
 from kda_fuzz.campaign.results import Failure, Report
-from kda_fuzz.campaign.spec import CampaignOptions
+from kda_fuzz.campaign.spec import CampaignSpec
 from kda_fuzz.campaign.supervisor import JobError, Supervisor
 from kda_fuzz.report.progress import Progress
 
@@ -203,8 +203,7 @@ def test_messages_are_dataclasses_handled_by_type_and_repeats_find_their_failure
     import pickle
 
     got: list[Failure] = []
-    sup = Supervisor("kda", "triton", ["t:f"], 1, options=CampaignOptions(seed=1),
-                     on_found=got.append)
+    sup = Supervisor(CampaignSpec.of("kda", "triton", ["t:f"], seed=1), on_found=got.append)
     sup.states = [type("S", (), {"last_message": 0.0, "snapshot": None})()]  # type: ignore
     snap = ((0, 0, 1), {"history": []})
     f = _failure()
@@ -303,7 +302,7 @@ def test_a_minimization_cut_short_saves_the_case_as_found_and_marked(tmp_path: P
     report = campaign(kda, "triton", [target], max_examples=60, seed=1, valid_share=1.0,
                       max_failures=1, budget=1 << 12)
     (found,) = report.failures
-    saver = FindingSaver(kda, str(tmp_path), seed=1)
+    saver = FindingSaver(CampaignSpec.of(kda, "triton", [], corpus=str(tmp_path), seed=1))
     saver.request(Stop(ExitReason.INTERRUPTED, "interrupted by SIGINT"))
     saver.found_inline(found, target)
     doc = json.loads(Path(found.saved).read_text())

@@ -49,7 +49,8 @@ def _knobs(seen: list) -> Knobs:
 def test_a_familys_options_reach_the_parser_and_its_sizes_the_strategies(
         capsys: pytest.CaptureFixture[str]) -> None:
     from kda_fuzz.campaign.plan import plan
-    from kda_fuzz.cli import _shaping, build_parser
+    from kda_fuzz.campaign.spec import shaping as _shaping
+    from kda_fuzz.cli import build_parser
     from kda_fuzz.families import get_contract
 
     seen: list = []
@@ -114,6 +115,6 @@ def test_the_packed_sizes_are_resolved_as_before() -> None:
     args = argparse.Namespace(device="cpu", target=None, families=None, budget=4096,
                               max_b=None, no_bucket=False, scale_share=None,
                               scale_budget=None)
-    from kda_fuzz.cli import _shaping
+    from kda_fuzz.campaign.spec import shaping as _shaping
 
     assert _shaping(args)["max_bhv"] is None and _shaping(args)["budget"] == 4096

@@ -12,7 +12,7 @@ import torch
 
 from kda_fuzz.campaign.findings import FindingSaver
 from kda_fuzz.campaign.runner import Campaign
-from kda_fuzz.campaign.spec import CampaignOptions
+from kda_fuzz.campaign.spec import CampaignOptions, CampaignSpec
 from kda_fuzz.cli import main
 from kda_fuzz.corpus.replay import replay, replay_paths
 from kda_fuzz.engine.targets import load_target
@@ -148,7 +148,7 @@ def test_a_campaign_finds_saves_and_skips_replaying_it_without_a_gpu(
     assert found[0].case.tensors["ssm_state_indices"].shape[0] > 2
     assert report.to_json()["sanitizer"]["sanitized"] == report.sanitized
     corpus = tmp_path / "corpus"
-    saver = FindingSaver(KDA, str(corpus), seed=3)
+    saver = FindingSaver(CampaignSpec.of(KDA, "triton", [], corpus=str(corpus), seed=3))
     saver.found_inline(found[0], None)
     path = Path(found[0].saved)
     assert path.name.startswith("sanitizer-")
@@ -164,7 +164,8 @@ def test_each_finding_carries_a_report(fake_tool: Path, tmp_path: Path) -> None:
     from kda_fuzz.engine.verdict import Verdict
 
     f = Failure(_case(4), Verdict("mismatch", "out-value", "wrong"), WIDE)
-    saver = FindingSaver(KDA, str(tmp_path), seed=1, sanitize="memcheck")
+    saver = FindingSaver(CampaignSpec.of(KDA, "triton", [], corpus=str(tmp_path), seed=1,
+                                         sanitize="memcheck"))
     saver.found_inline(f, None)
     report = json.loads(Path(f.saved).read_text())["verdict"]["extra"]["sanitizer"]
     assert report["status"] == "errors"
@@ -210,7 +211,8 @@ def test_a_sanitizer_file_is_skipped_by_pytest_without_a_gpu(
     reports = sanitizer.sanitize("memcheck", WIDE, [_case(4)], device="cpu")
     assert reports[0].status == "errors", reports[0].note
     f = Failure(_case(4), reports[0].verdict(), WIDE)
-    FindingSaver(KDA, str(pytester.path / "corpus"), seed=1).found_inline(f, None)
+    FindingSaver(CampaignSpec.of(KDA, "triton", [], corpus=str(pytester.path / "corpus"),
+                                 seed=1)).found_inline(f, None)
     pytester.makefile(".toml", pyproject="[tool.kda-fuzz]\n[tool.kda-fuzz.targets.kda]\n"
                       f"triton = ['{WIDE}']\n")
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rs")
@@ -280,9 +282,9 @@ def test_one_sanitized_worker_serves_every_job_of_a_campaign(
     from kda_fuzz.campaign.supervisor import Supervisor
 
     monkeypatch.setenv("FAKE_SANITIZER_STARTS", str(tmp_path / "starts"))
-    options = CampaignOptions.of(device="cpu", max_examples=24, seed=5, sanitize="memcheck",
-                                 sanitize_every=2, max_failures=5, budget=1 << 12)
-    sup = Supervisor("kda", "triton", [WIDE], 2, options=options, timeout=60.0)
+    sup = Supervisor(CampaignSpec.of("kda", "triton", [WIDE], jobs=2, device="cpu",
+                                     max_examples=24, seed=5, sanitize="memcheck",
+                                     sanitize_every=2, max_failures=5, budget=1 << 12))
     report = sup.run()
     assert report.sanitize_sampled > 2
     assert report.sanitized == report.sanitize_sampled, report.to_json()["sanitizer"]

@@ -105,7 +105,7 @@ def _args(device: str, **kw: object) -> argparse.Namespace:
 
 
 def test_stratum_is_off_on_cpu_by_default_and_on_when_asked() -> None:
-    from kda_fuzz.cli import _shaping
+    from kda_fuzz.campaign.spec import shaping as _shaping
 
     assert _shaping(_args("cpu"))["scale_share"] == 0.0
     assert _shaping(_args("cuda"))["scale_share"] == 0.03

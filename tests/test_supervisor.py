@@ -10,7 +10,7 @@ import pytest
 
 from kda_fuzz.campaign.plan import deal, plan
 from kda_fuzz.campaign.runner import campaign
-from kda_fuzz.campaign.spec import CampaignOptions
+from kda_fuzz.campaign.spec import CampaignOptions, CampaignSpec
 from kda_fuzz.campaign.supervisor import Supervisor
 from kda_fuzz.engine.targets import Target, load_target
 from kda_fuzz.families import get_contract
@@ -44,7 +44,7 @@ def test_jobs_run_the_plan_of_one_campaign() -> None:
     seed runs, valid and broken, and the merged report adds them up."""
     options = dict(max_examples=120, seed=5, budget=1 << 12, scale_share=0.1,
                    scale_budget=1 << 26)
-    sup = Supervisor("kda", "triton", [REFERENCE], 2, options=CampaignOptions.of(**options))
+    sup = Supervisor(CampaignSpec.of("kda", "triton", [REFERENCE], jobs=2, **options))
     report = sup.run()
     assert not report.failures
     assert len(sup.summaries()) == 2 and all(s["seconds"] > 0 for s in sup.summaries())
@@ -66,9 +66,9 @@ def test_a_crash_costs_one_restart_and_the_campaign_covers_the_same_examples() -
     correct target (draws like the crash's get less of them: other layouts instead), and
     the crash is one distinct failure with its repeats counted."""
     options = dict(max_examples=160, seed=2, budget=1 << 12, max_failures=5)
-    crashing = Supervisor("kda", "triton", ["tests.hostile_targets:aborts_past_16_rows"], 1,
-                          options=CampaignOptions.of(**options)).run()
-    clean = Supervisor("kda", "triton", [REFERENCE], 1, options=CampaignOptions.of(**options)).run()
+    crashing = Supervisor(CampaignSpec.of(
+        "kda", "triton", ["tests.hostile_targets:aborts_past_16_rows"], **options)).run()
+    clean = Supervisor(CampaignSpec.of("kda", "triton", [REFERENCE], **options)).run()
     assert crashing.examples == clean.examples == 160  # however often it aborts
     assert crashing.valid_cases == clean.valid_cases
     assert crashing.broken_cases + sum(crashing.validation_gaps.values()) == \
@@ -132,8 +132,8 @@ def test_a_stop_from_outside_ends_the_jobs() -> None:
     # the stop comes 3 s after the first example (a loaded machine may take longer than a
     # fixed delay to start the jobs)
     started = threading.Event()
-    sup = Supervisor("kda", "triton", [REFERENCE], 2,
-                     options=CampaignOptions.of(max_examples=100000, seed=1, budget=1 << 12),
+    sup = Supervisor(CampaignSpec.of("kda", "triton", [REFERENCE], jobs=2, max_examples=100000,
+                                     seed=1, budget=1 << 12),
                      on_example=lambda report: started.set())
     threading.Thread(target=lambda: (started.wait(120), time.sleep(3.0), sup.stop.set()),
                      daemon=True).start()

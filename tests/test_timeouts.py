@@ -121,9 +121,11 @@ def test_a_minimized_hang_is_kept_only_if_it_does_not_return_within_the_ceiling(
     from types import SimpleNamespace
 
     from kda_fuzz.campaign.findings import FindingSaver
+    from kda_fuzz.campaign.spec import CampaignSpec
     from kda_fuzz.families import get_contract
 
-    saver = FindingSaver(get_contract("kda"), None, seed=1, timeout=30.0)
+    saver = FindingSaver(CampaignSpec.of(get_contract("kda"), "triton", [], seed=1,
+                                         timeout=30.0))
     limits: list[float] = []
 
     class Iso:

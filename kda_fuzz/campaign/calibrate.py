@@ -16,8 +16,8 @@ sizes (``Knobs.calibrated``).
 from __future__ import annotations
 
 import time
-from typing import Any
 
+from kda_fuzz.campaign.spec import CampaignSpec
 from kda_fuzz.engine.contract import Contract
 from kda_fuzz.engine.knobs import Caps, Measured
 from kda_fuzz.workers.deadline import PastDeadline
@@ -69,6 +69,6 @@ def calibrate(contract: Contract, variant: str, target: str, *,
                          seconds=EXAMPLE_SECONDS))
 
 
-def apply(caps: Caps, options: dict[str, Any]) -> None:
-    """Cap the family's sizes in ``options`` (``plan`` keywords) by ``caps``."""
-    options.update(caps.cap(options))
+def apply(caps: Caps, spec: CampaignSpec) -> CampaignSpec:
+    """``spec`` with the family's sizes capped by ``caps``."""
+    return spec.with_options(**caps.cap(spec.options.sizes))

@@ -38,7 +38,11 @@ class Stop:
 
     @property
     def noteworthy(self) -> bool:
-        """Whether the summary should mention it (not a stop the supervisor asked for)."""
+        """Whether the summary should mention it in a note: not a stop the supervisor
+        asked for, nor the deadline a time-bounded campaign runs to (its planned end: the
+        JSON's ``stopped`` says it) unless it comes with a detail (a job killed)."""
+        if self.reason is ExitReason.DEADLINE:
+            return bool(self.detail)
         return self.reason not in (ExitReason.COMPLETED, ExitReason.STOP_REQUESTED)
 
 

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kda_fuzz.campaign.channel import ExitReason, Stop
 from kda_fuzz.engine.case import Case
 from kda_fuzz.engine.contract import Contract
 from kda_fuzz.engine.oracle import EnvironmentFailure, Outcome
@@ -15,6 +16,9 @@ from kda_fuzz.engine.verdict import Verdict
 from kda_fuzz.execution import configs
 from kda_fuzz.execution.variants import CONFIG_SPACE, Variant
 
+# the stops the JSON summary's ``stopped`` names: a cut by the clock or a signal (a
+# campaign that ran its plan, or stopped at --max-failures, has none)
+CUT_SHORT = (ExitReason.DEADLINE, ExitReason.INTERRUPTED, ExitReason.TERMINATED)
 HARD_KINDS = ("crash", "timeout")  # never re-run in the campaign: each try may kill
 
 
@@ -119,6 +123,9 @@ class Report:
     # "compile_seconds": seconds in those compiles (kda_fuzz.execution.compiles)}
     history: list[dict[str, Any]] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)  # more JSON summary keys (shard, ...)
+    # why the campaign stopped early (None: it ran its plan); the JSON's ``stopped`` says
+    # so when the cut was the clock's or a signal's (CUT_SHORT)
+    stopped: Stop | None = None
     # seconds spent per stratum ("broken", "valid", "scale"), summed over jobs
     stratum_seconds: Counter = field(default_factory=Counter)
     # Triton and Helion compiles during the examples, counted by their hooks
@@ -386,6 +393,8 @@ class Report:
             "notes": self.notes,
             "saved": self.saved,
             **self.family_json(),
+            **({"stopped": self.stopped.reason.value}
+               if self.stopped is not None and self.stopped.reason in CUT_SHORT else {}),
             **self.extra,
         }
 

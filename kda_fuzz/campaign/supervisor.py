@@ -60,7 +60,7 @@ from kda_fuzz.campaign.channel import (
 )
 from kda_fuzz.campaign.results import Failure, Report
 from kda_fuzz.campaign.runner import Campaign, Position, Recorder
-from kda_fuzz.campaign.spec import CampaignOptions
+from kda_fuzz.campaign.spec import CampaignOptions, CampaignSpec
 from kda_fuzz.campaign.steering import note as shifted_note
 from kda_fuzz.campaign.timeouts import Calibration, confirm_limit, describe, merged, store_size
 from kda_fuzz.campaign.timeouts import note as timeout_note
@@ -68,7 +68,6 @@ from kda_fuzz.engine.oracle import EnvironmentFailure, device_error
 from kda_fuzz.engine.targets import Target, load_target
 from kda_fuzz.engine.verdict import Verdict
 from kda_fuzz.execution import compiles
-from kda_fuzz.families import get_contract
 from kda_fuzz.workers.process import exit_with_parent, how_it_ended, worker_context, worker_process
 
 JOBS_PER_GPU = 4  # xdist workers sharing one GPU
@@ -126,15 +125,12 @@ class JobError(RuntimeError):
 
 @dataclass(frozen=True)
 class Job:
-    """What one job process runs (picklable: targets travel as ``MODULE:CALLABLE``)."""
+    """What one job process runs: its index, the campaign's spec (pickled with its family
+    by name, targets as ``MODULE:CALLABLE``) and this job's options (its share of the plan,
+    the clock the supervisor started), where it resumes and what it must not run again."""
 
     index: int
-    jobs: int
-    contract: str
-    variant: str
-    targets: tuple[str, ...]
-    peers: tuple[str, ...]
-    device: str
+    spec: CampaignSpec
     wrap: Callable[[Callable[..., Any]], Callable[..., Any]] | None
     options: CampaignOptions
     resume: tuple[Position, dict[str, Any]] | None = None
@@ -142,9 +138,7 @@ class Job:
     # the calls past their calibrated limit, run again under a longer one (seconds)
     relaxed: dict[Position, float] = field(default_factory=dict)
     seen: frozenset[tuple[Any, ...]] = frozenset()  # signatures of failures already kept
-    isolate: bool = True  # keep the flight record (else: no restart after a crash)
     launched: float = 0.0  # time.monotonic() when the supervisor started the process
-    timeout: float = 60.0  # the ceiling of the calibrated per-call timeout
 
 
 class _SharedRecorder(Recorder):
@@ -242,24 +236,25 @@ def _run_job(job: Job, conn: Any, stop: Any, record: Any) -> None:
     try:
         import torch
 
-        gpus = torch.cuda.device_count() if job.device == "cuda" else 1
-        device = claim_device(job.device, job.index, -(-job.jobs // max(1, gpus)))
-        contract = get_contract(job.contract)
+        spec = job.spec  # (its contract looked up once, as it was unpickled)
+        gpus = torch.cuda.device_count() if spec.device == "cuda" else 1
+        device = claim_device(spec.device, job.index, -(-spec.jobs // max(1, gpus)))
+        contract = spec.contract
         if not device.startswith("cuda") and contract.execution is not None:
             contract.execution.configure_cpu()
         # the jobs share the host's cores: no job's torch ops may spread over all of them
         # (nor past the threads the process was started with: an OMP_NUM_THREADS holds)
         torch.set_num_threads(max(1, min(torch.get_num_threads(),
-                                         (os.cpu_count() or 1) // job.jobs)))
-        targets = [load_target(t) for t in job.targets]
-        peers = [load_target(p) for p in job.peers]
+                                         (os.cpu_count() or 1) // spec.jobs)))
+        targets = [load_target(t) for t in spec.targets]
+        peers = [load_target(p) for p in spec.peers]
         if job.wrap is not None:
             targets = [Target(t.name, job.wrap(t.fn)) for t in targets]
         options = replace(job.options, device=device)
         holder: list[Campaign] = []
         n_targets = len(targets) + len(peers)
-        calibration = Calibration(record, n_targets, job.timeout, offset=CALIBRATION) \
-            if job.isolate and len(record) >= CALIBRATION + store_size(n_targets) else None
+        calibration = Calibration(record, n_targets, spec.budget.timeout, offset=CALIBRATION) \
+            if spec.isolate and len(record) >= CALIBRATION + store_size(n_targets) else None
 
         sent = [0]  # history records already sent
 
@@ -280,9 +275,9 @@ def _run_job(job: Job, conn: Any, stop: Any, record: Any) -> None:
                 else JobRepeat(job.index, f.signature, snapshot(where)))
 
         rec = _SharedRecorder(record, lambda pos: put(JobProgress(job.index, snapshot(pos))),
-                              device, flight=job.isolate, calibration=calibration,
+                              device, flight=spec.isolate, calibration=calibration,
                               relaxed=job.relaxed)
-        c = Campaign(contract, job.variant, targets, peers=peers, options=options,
+        c = Campaign(contract, spec.variant, targets, peers=peers, options=options,
                      on_failure=on_failure, stop=stop.is_set, recorder=rec,
                      resume=job.resume, hard=job.hard, seen=job.seen)
         holder.append(c)
@@ -320,33 +315,27 @@ class _JobState:
 class Supervisor:
     """Runs a campaign as supervised job processes and merges what they find."""
 
-    def __init__(self, contract: str, variant: str, targets: list[str], jobs: int, *,
-                 options: CampaignOptions, peers: list[str] | None = None,
-                 timeout: float = 60.0,
+    def __init__(self, spec: CampaignSpec, *,
                  wrap: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None,
                  on_example: Callable[[Report], None] | None = None,
-                 isolate: bool = True,
-                 on_found: Callable[[Failure], None] | None = None,
-                 hard_deadline: float | None = None) -> None:
-        if jobs < 1:
-            raise ValueError(f"jobs must be at least 1, got {jobs}")
-        self.contract, self.variant, self.targets = contract, variant, list(targets)
-        self.peers = list(peers or [])
-        self.jobs, self.timeout, self.wrap, self.on_example = jobs, timeout, wrap, on_example
-        self.isolate = isolate
+                 on_found: Callable[[Failure], None] | None = None) -> None:
+        if spec.options.seed is None:  # (a spec built by hand: resolve chose one)
+            spec = spec.with_options(seed=random.randrange(2**31))
+        self.spec = spec
+        self.contract, self.variant = spec.contract, spec.variant
+        self.targets, self.peers = list(spec.targets), list(spec.peers)
+        self.jobs, self.timeout, self.isolate = spec.jobs, spec.budget.timeout, spec.isolate
+        self.wrap, self.on_example = wrap, on_example
         self.on_found = on_found  # told of each new distinct failure as it arrives
-        self.hard_deadline = hard_deadline  # time.monotonic() by which every job has ended
+        self.hard_deadline = spec.budget.kill  # time.monotonic() by which every job has ended
         self._kept: dict[tuple[Any, ...], Failure] = {}  # signature as found -> failure
         self.interrupted: Stop | None = None  # set by ``interrupt`` (a signal handler)
         self.stopped: Stop | None = None  # why the campaign ended early, if it did
-        if options.seed is None:
-            options = replace(options, seed=random.randrange(2**31))
-        if options.families:  # one family per job at least
-            options = replace(options, families=max(options.families, jobs))
-        self.options = options
+        self.options = spec.options
         self.ctx = worker_context()  # never a fork of a process with CUDA or a thread pool
         self.stop = self.ctx.Event()
-        self.report = Report(contract, variant, [*self.targets, *self.peers], seed=options.seed)
+        self.report = Report(spec.family, spec.variant, [*self.targets, *self.peers],
+                             seed=spec.options.seed, family=spec.contract)
         self.states: list[_JobState] = []
         self.restarts = 0
         self.hang_limits: list[float] = []  # the limit in force at each hang
@@ -381,18 +370,10 @@ class Supervisor:
         if self.states:
             return
         self._t0 = time.monotonic()
-        o = self.options = replace(  # the jobs' history times count from here
-            self.options, origin=self._t0, deadline=self.options.deadline if (
-                self.options.deadline is not None or self.options.max_seconds is None)
-            else self._t0 + self.options.max_seconds)
+        o = self.options = replace(self.options, origin=self._t0)  # history times count from here
         n = self.jobs
-        self.states = [
-            self._start(Job(j, n, self.contract, self.variant, tuple(self.targets),
-                            tuple(self.peers), o.device, self.wrap,
-                            replace(o, job=(j, n)),
-                            isolate=self.isolate, timeout=self.timeout))
-            for j in range(n)
-        ]
+        self.states = [self._start(Job(j, self.spec, self.wrap, replace(o, job=(j, n))))
+                       for j in range(n)]
 
     def abort(self) -> None:
         """Stop jobs started by ``start`` without running the campaign."""
@@ -453,6 +434,7 @@ class Supervisor:
         report.seed, report.notes, report.history = (self.report.seed, self.report.notes,
                                                      self.report.history)
         self.report = report
+        self.report.stopped = self._why_stopped()
         if self.restarts:
             self.report.notes.append(f"{self.restarts} job restart(s) after a crash or hang")
         if self.report.shifted:
@@ -462,6 +444,19 @@ class Supervisor:
             self.report.notes.append(timeout_note(self.report.extra["timeout"]))
         self.report.seconds = time.monotonic() - t0
         return self.report
+
+    def _why_stopped(self) -> Stop | None:
+        """Why the campaign stopped early: an interrupt, the clock (a job stopped drawing
+        at it, or was killed), --max-failures; ``None``: every job ran its plan."""
+        if self.stopped is not None:
+            return self.stopped
+        stops = [s.summary.get("stopped") for s in self.states]
+        clock = [x for x in stops if x is not None and x.reason is ExitReason.DEADLINE]
+        if clock:
+            return max(clock, key=lambda x: bool(x.detail))  # a killed job's says more
+        if len(self.report.failures) >= self.options.max_failures:
+            return Stop(ExitReason.MAX_FAILURES)
+        return None
 
     def _cut(self) -> None:
         """Kill the jobs that have not ended (stopping or past the deadline), keeping their
@@ -514,7 +509,8 @@ class Supervisor:
 
     def _progress(self) -> Report:
         """Every job's latest counts added up, with the failures kept so far."""
-        merged = Report(self.contract, self.variant, self.report.targets)
+        merged = Report(self.spec.family, self.variant, self.report.targets,
+                        family=self.contract)
         for s in self.states:
             if s.snapshot is not None:
                 merged.add_counters(s.snapshot[1])

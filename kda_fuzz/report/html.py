@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from kda_fuzz.corpus.atomic import write_atomic
-from kda_fuzz.families import get_contract
 from kda_fuzz.names import label as family_label
 from kda_fuzz.report.progress import (
     check_counts,
+    contract_of,
     family_rows,
     first_finding,
     found_after,
@@ -133,7 +133,7 @@ def _failures(report: Any) -> str:
 
 def _messages(report: Any) -> dict[str, str]:
     try:
-        contract = get_contract(report.contract)
+        contract = contract_of(report)
         out = {str(c.number): c.message or "any ValueError (the contract does not word it)"
                for c in contract.checks_for(report.variant)}
         out.update({f"hole:{h.name}": f"contract hole: any ValueError (checked after "

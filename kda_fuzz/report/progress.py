@@ -113,13 +113,23 @@ class Progress:
             self._status()
 
 
+def contract_of(report: Any) -> Any:
+    """The report's contract (the one it was made with, else the family registered under
+    its name); ``ValueError`` when none is known."""
+    hooks = getattr(report, "contract_hooks", None)
+    contract = hooks() if hooks is not None else get_contract(report.contract)
+    if contract is None:
+        raise ValueError(f"unknown contract family {report.contract!r}")
+    return contract
+
+
 def check_counts(report: Any) -> list[tuple[str, int]]:
     """Every check of the report's variant in numeric order, then the contract's holes
     (``hole:NAME``), each with its count (0: never hit); keys the contract does not know
     come last."""
     counts = dict(report.checks_hit)
     try:
-        contract = get_contract(report.contract)
+        contract = contract_of(report)
         keys: list[Any] = [c.number for c in contract.checks_for(report.variant)]
         keys += [f"hole:{h.name}" for h in contract.holes]
     except ValueError:  # unknown family or variant: show what was counted
