@@ -891,7 +891,7 @@ def _pin_notes(spec: Any, targets: list[Any]) -> list[str]:
     declared = [u for t in targets for u in getattr(t.fn, "kda_fuzz_unsupported", ())]
     left = tuple(dict.fromkeys([*options.unsupported, *declared]))
     if left and contract.restrict is not None:
-        from kda_fuzz.families.packed.pins import describe
+        from kda_fuzz.engine.pins import describe
 
         try:
             pins = contract.restrict(left, variant)

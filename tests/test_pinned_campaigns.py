@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from kda_fuzz.campaign.plan import plan
+from kda_fuzz.engine.pins import PinError, parse_layout
 from kda_fuzz.families import get_contract
-from kda_fuzz.families.packed.pins import PinError, parse_layout, restrictions
+from kda_fuzz.families.packed.pins import restrictions
 from tests.inprocess import kda_fuzz
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from kda_fuzz.engine.oracle import Messages
 
 DEFAULT_CORPUS = os.path.join("corpus", "found")  # collected by the pytest plugin
+CAMPAIGN_JOBS_PER_GPU = 8  # ``--jobs auto``: campaign jobs sharing one GPU (H200 figures)
 
 
 class UsageError(Exception):
@@ -299,12 +300,21 @@ def shard_of(args: argparse.Namespace) -> Shard | None:
     except ValueError as e:
         raise UsageError(str(e)) from None
 
+def auto_jobs(device: str) -> int:
+    """Jobs for ``--jobs auto``: ``CAMPAIGN_JOBS_PER_GPU`` per GPU in use on cuda, one per
+    CPU core on cpu; never more than the CPU cores."""
+    cpus = os.cpu_count() or 1
+    if not device.startswith("cuda"):
+        return cpus
+    import torch
+
+    gpus = 1 if ":" in device else max(1, torch.cuda.device_count())
+    return max(1, min(cpus, CAMPAIGN_JOBS_PER_GPU * gpus))
+
 
 def jobs_of(args: argparse.Namespace) -> int:
     """``--jobs``: a positive integer, or ``auto`` (8 per GPU on cuda, one per core on cpu)."""
     if args.jobs == "auto":
-        from kda_fuzz.campaign.supervisor import auto_jobs
-
         return auto_jobs(args.device)
     try:
         jobs = int(args.jobs)
@@ -333,7 +343,7 @@ def shaping(args: argparse.Namespace, contract: Contract | None = None) -> dict[
 def pinned(args: argparse.Namespace, contract: Contract, config: Any) -> dict[str, Any]:
     """``--layout`` pins and ``--unsupported`` features as campaign options, checked now
     (a pin no valid layout can have is a usage error)."""
-    from kda_fuzz.families.packed.pins import PinError, parse_layout, scalar_of
+    from kda_fuzz.engine.pins import PinError, parse_layout, scalar_of
 
     if not 0 <= args.layout_share <= 1:
         raise UsageError("--layout-share must be between 0 and 1")

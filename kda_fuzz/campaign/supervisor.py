@@ -71,7 +71,6 @@ from kda_fuzz.execution import compiles
 from kda_fuzz.workers.process import exit_with_parent, how_it_ended, worker_context, worker_process
 
 JOBS_PER_GPU = 4  # xdist workers sharing one GPU
-CAMPAIGN_JOBS_PER_GPU = 8  # ``--jobs auto``: campaign jobs sharing one GPU (H200 figures)
 PROGRESS_EVERY = 0.25  # seconds between a job's progress messages
 STALL_SECONDS = 600.0  # a job silent this long outside a target call is stuck (ours)
 STOP_GRACE = 3.0  # seconds a job may take to end its example after an interrupt
@@ -107,16 +106,6 @@ def claim_device(device: str, worker: int, per_gpu: int = JOBS_PER_GPU) -> str:
     return device
 
 
-def auto_jobs(device: str) -> int:
-    """Jobs for ``--jobs auto``: ``CAMPAIGN_JOBS_PER_GPU`` per GPU in use on cuda, one per
-    CPU core on cpu; never more than the CPU cores."""
-    cpus = os.cpu_count() or 1
-    if not device.startswith("cuda"):
-        return cpus
-    import torch
-
-    gpus = 1 if ":" in device else max(1, torch.cuda.device_count())
-    return max(1, min(cpus, CAMPAIGN_JOBS_PER_GPU * gpus))
 
 
 class JobError(RuntimeError):
@@ -692,5 +681,5 @@ def minimized_detail(found: Verdict, minimized: Verdict, timeout: float) -> Verd
                    f"the campaign found it past; --timeout {timeout:g} s is the ceiling)")
 
 
-__all__ = ["JobError", "Supervisor", "auto_jobs", "candidate_timeout", "claim_device",
+__all__ = ["JobError", "Supervisor", "candidate_timeout", "claim_device",
            "device_for", "minimized_detail"]

@@ -21,6 +21,8 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
+from kda_fuzz.engine.pins import PinError
+
 ALIASES = {
     "state": "state_dtype", "dtype": "qkv_dtype", "activations": "qkv_dtype",
     "indices": "idx_dtype", "index_dtype": "idx_dtype", "l2norm": "use_qk_l2norm_in_kernel",
@@ -43,8 +45,6 @@ FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 INDEX_DTYPES = (torch.int32, torch.int64)
 
 
-class PinError(ValueError):
-    """A pin names no field, or gives a value no valid layout can have."""
 
 
 def dtype_of(value: Any) -> torch.dtype:
@@ -210,45 +210,6 @@ def restrictions(unsupported: Iterable[str], variant: str,
     return out
 
 
-def describe(pins: Mapping[str, Any]) -> str:
-    """``H=16, state_dtype=bfloat16, lower_bound=None``: pins in one line."""
-    def one(v: Any) -> str:
-        if isinstance(v, torch.dtype):
-            return str(v).removeprefix("torch.")
-        if isinstance(v, list | tuple):
-            return "|".join(one(x) for x in v)
-        return str(v)
-
-    return ", ".join(f"{k}={one(v)}" for k, v in pins.items())
 
 
-def parse_layout(text: str) -> dict[str, Any]:
-    """``"H=16,HV=32,K=128,state=bfloat16,B=1|8|64,lower_bound=none"`` as pins (``|``
-    separates a list of values)."""
-    out: dict[str, Any] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        key, sep, value = part.partition("=")
-        if not sep or not key.strip():
-            raise PinError(f"layout {text!r}: {part!r} is not FIELD=VALUE")
-        values = [scalar_of(v.strip()) for v in value.split("|")]
-        out[key.strip()] = values[0] if len(values) == 1 else values
-    if not out:
-        raise PinError(f"layout {text!r} pins nothing")
-    return out
 
-
-def scalar_of(text: str) -> Any:
-    """A pin value from text: none/true/false, an int, a float, else the text."""
-    low = text.lower()
-    if low in ("none", "null", "off"):
-        return None
-    if low in ("true", "on", "yes"):
-        return True
-    if low in ("false", "no"):
-        return False
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
