@@ -622,11 +622,11 @@ class Supervisor:
         # the limit its smaller variants get while it is minimized: the calibrated one
         calibrated = self._first_limit.get(target, limit) if rerun is not None else limit
         self._restart(s, "timeout", "no-return", f"did not return within {limit:.3g} s{how}",
-                      extra={"limit_seconds": round(calibrated, 3)})
+                      limit_seconds=round(calibrated, 3))
 
     def _restart(self, s: _JobState, kind: str = "", what: str = "", detail: str = "", *,
                  relax: tuple[Position, float] | None = None,
-                 extra: dict[str, Any] | None = None) -> None:
+                 limit_seconds: float | None = None) -> None:
         """Record the hard fault at the job's flight position (``relax``: none; that
         position's call is run again under the given limit) and start the job again from
         its last progress message."""
@@ -640,11 +640,10 @@ class Supervisor:
         if relax is not None:
             relaxed[relax[0]] = relax[1]
         else:
-            extra = dict(extra or {})
-            if r[CONFIGS] > 0:  # the call ran under other kernel configs (Recorder.alternative)
-                extra["config_alternative"] = int(r[CONFIGS]) - 1
-            hard[pos] = (target, Verdict(kind, what, detail,  # type: ignore[arg-type]
-                                         extra=extra))
+            # (config_alternative: the call ran under other kernel configs, Recorder.alternative)
+            hard[pos] = (target, Verdict(
+                kind, what, detail, limit_seconds=limit_seconds,  # type: ignore[arg-type]
+                config_alternative=int(r[CONFIGS]) - 1 if r[CONFIGS] > 0 else None))
         s.restarts += 1
         self.restarts += 1
         seen = frozenset(self._kept)
@@ -668,7 +667,7 @@ def candidate_timeout(verdict: Verdict, timeout: float) -> float:
     """The per-candidate timeout of a failure's minimization: for a hang, the limit it
     was found past (its calibrated timeout: a smaller case is no slower), else
     ``timeout``."""
-    limit = verdict.extra.get("limit_seconds") if verdict.kind == "timeout" else None
+    limit = verdict.limit_seconds if verdict.kind == "timeout" else None
     return min(timeout, float(limit)) if limit else timeout
 
 
