@@ -16,7 +16,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kda_fuzz.campaign.minimize import minimize_with_verdict  # noqa: E402
 from kda_fuzz.campaign.runner import campaign  # noqa: E402
 from kda_fuzz.corpus.store import save_failure  # noqa: E402
 from kda_fuzz.engine.oracle import run_case  # noqa: E402
@@ -36,8 +35,7 @@ def main() -> int:
         target = Target(f"tests.gdn_mutants:{name}", fn)
         report = campaign(
             GDN, "triton", [target], max_examples=300, seed=1, budget=4096, max_b=16,
-            minimize=lambda case, t, verdict, run: minimize_with_verdict(
-                GDN, case, t.fn, verdict, run=run, seconds=60.0))
+            minimize=60.0)
         if not report.failures:
             print(f"{name}: not found", file=sys.stderr)
             return 1

@@ -7,7 +7,6 @@ import json
 
 import pytest
 
-from kda_fuzz.campaign.minimize import minimize_with_verdict
 from kda_fuzz.campaign.runner import campaign
 from kda_fuzz.cli import main
 from kda_fuzz.engine.targets import Target
@@ -71,8 +70,7 @@ def test_documented_twin_shows_gaps_not_failures() -> None:
 def test_minimizer_shrinks_a_gdn_failure() -> None:
     target = Target("gqa", gdn_mutants.MUTANTS["gqa_modulo"])
     report = campaign(GDN, "triton", [target], max_examples=300, seed=1, **SMALL,
-                      minimize=lambda c, t, v, run: minimize_with_verdict(
-                          GDN, c, t.fn, v, run=run, seconds=20.0))
+                      minimize=20.0)
     f = report.failures[0]
     assert f.original is not None and f.case.notes.get("minimized")
     HV = f.case.tensors["initial_state"].shape[1]

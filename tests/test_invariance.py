@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from kda_fuzz.campaign.minimize import minimize_with_verdict
 from kda_fuzz.campaign.runner import campaign
 from kda_fuzz.corpus.store import load_case, save_failure
 from kda_fuzz.engine.oracle import batch_variance, run_case
@@ -85,8 +84,7 @@ def test_a_batch_variant_kernel_is_found_bitwise_and_replays(tmp_path: Path):
     strict = campaign(KDA, "triton", t, max_examples=60, seed=1, valid_share=1.0,
                       invariance="bitwise", invariance_every=1, max_failures=20,
                       budget=1 << 10,
-                      minimize=lambda c, t, v, run: minimize_with_verdict(
-                          KDA, c, t.fn, v, run=run, seconds=20.0))
+                      minimize=20.0)
     [f] = [f for f in strict.failures if f.verdict.what == "batch-variant"]
     assert f.verdict.kind == "mismatch" and "differ bitwise" in f.verdict.detail
     # minimized the way it was found: two rows (one alone differs from the whole batch)

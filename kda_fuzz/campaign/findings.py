@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kda_fuzz.campaign.channel import ExitReason, Stop
-from kda_fuzz.campaign.minimize import minimize_with_verdict
+from kda_fuzz.campaign.minimize import minimize_failure
 from kda_fuzz.campaign.results import HARD_KINDS, Failure, minimizable
 from kda_fuzz.campaign.sanitizing import attach_report, minimize_finding
 from kda_fuzz.campaign.supervisor import candidate_timeout, minimized_detail
@@ -251,23 +251,16 @@ class FindingSaver:
         if self._settle_at is not None:
             seconds = min(seconds, self._settle_at - time.monotonic())
         end = time.monotonic() + seconds
+        # a hang minimized under its calibrated limit is kept only when proven past the ceiling
+        shorter = candidate_timeout(f.verdict, self.timeout) < self.timeout
         try:
-            case, verdict = minimize_with_verdict(self.contract, f.case, None,  # type: ignore[arg-type]
-                                                  f.verdict, run=run, seconds=seconds)
+            if not minimize_failure(self.contract, f, run, seconds=seconds,
+                                    proven=proven if shorter else None,
+                                    detail=lambda v, found=f.verdict: minimized_detail(
+                                        found, v, self.timeout)):
+                return
         except _Cut:
             return
-        if (proven is not None and verdict.kind == "timeout" and case is not f.case
-                and candidate_timeout(f.verdict, self.timeout) < self.timeout):
-            try:
-                if not proven(case):
-                    f.note = (f.note + "; " if f.note else "") + (
-                        "the minimized case returned within --timeout: the hang is saved "
-                        "as found")
-                    return
-            except _Cut:
-                return
-        f.original, f.case, f.verdict = f.case, case, minimized_detail(f.verdict, verdict,
-                                                                       self.timeout)
         if seconds < self.shrink_seconds and time.monotonic() >= end:
             f.note = (f.note + "; " if f.note else "") + (
                 "partly minimized: minimization cut short by the --max-seconds deadline")

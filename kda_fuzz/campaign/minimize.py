@@ -49,6 +49,7 @@ from typing import Any
 
 import torch
 
+from kda_fuzz.campaign.results import Failure
 from kda_fuzz.corpus.store import encoded_tensor_size
 from kda_fuzz.engine import recipe as _recipe
 from kda_fuzz.engine.case import Case, TensorArg, fingerprint
@@ -482,3 +483,29 @@ def minimize_with_verdict(contract: Contract, case: Case, target_fn: Callable[..
         notes = shrinker.notes(current, notes)
     return Case(current.contract, current.variant, current.tensors, current.scalars,
                 current.intent, notes), hint
+
+
+def minimize_failure(contract: Contract, failure: Failure, run: Callable[[Case], Outcome], *,
+                     seconds: float = 30.0, keep: Callable[[Case], bool] | None = None,
+                     proven: Callable[[Case], bool] | None = None,
+                     detail: Callable[[Verdict], Verdict] | None = None) -> bool:
+    """Minimize ``failure`` in place, each candidate judged by ``run``: the one entry point
+    of the campaign (``campaign(minimize=)``), the finding saver and the sanitizer's
+    findings. Its case and verdict become the smallest case found within ``seconds``
+    that fails the same way (:func:`minimize_with_verdict`; ``keep`` as there) and the
+    verdict on it (through ``detail`` when given), the case as found kept in
+    ``original``. ``proven(case)``, when given, is asked of a smaller case that hangs:
+    when it says no, the failure stays as found, with a note. Whether the failure was
+    replaced (by the same case when nothing smaller failed the same way). A
+    ``BaseException`` from ``run`` or ``proven`` (a cut) passes through, the failure left
+    as found."""
+    case, verdict = minimize_with_verdict(contract, failure.case, None,  # type: ignore[arg-type]
+                                          failure.verdict, run=run, seconds=seconds, keep=keep)
+    if proven is not None and verdict.kind == "timeout" and case is not failure.case \
+            and not proven(case):
+        failure.note = (failure.note + "; " if failure.note else "") + (
+            "the minimized case returned within --timeout: the hang is saved as found")
+        return False
+    failure.original, failure.case = failure.case, case
+    failure.verdict = detail(verdict) if detail is not None else verdict
+    return True

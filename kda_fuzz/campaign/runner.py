@@ -20,6 +20,7 @@ from kda_fuzz.campaign import sanitizing
 from kda_fuzz.campaign.arms import Arm
 from kda_fuzz.campaign.channel import ExitReason, Stop
 from kda_fuzz.campaign.interleave import arm_before, cycle_of, in_turn_order, schedule
+from kda_fuzz.campaign.minimize import minimize_failure
 from kda_fuzz.campaign.plan import campaign_plan, deal, plan
 from kda_fuzz.campaign.results import Failure, Report, minimizable
 from kda_fuzz.campaign.shard import shard_arms
@@ -707,14 +708,15 @@ def _global_constants_only() -> Iterator[None]:
 
 
 def campaign(contract: Contract, variant: str, targets: list[Target], *,
-             minimize: Minimizer | None = None,
+             minimize: float | None = None,
              peers: list[Target] | None = None,
              on_example: Callable[[Report], None] | None = None,
              stop: Callable[[], bool] | None = None,
              on_failure: Callable[[Failure, bool], None] | None = None,
              **options: Any) -> Report:
     """Run a campaign in this process (targets called directly) and minimize each distinct
-    failure with ``minimize``; ``options`` are :class:`CampaignOptions` fields or the
+    failure for ``minimize`` seconds (:func:`kda_fuzz.campaign.minimize.minimize_failure`;
+    ``None``: not minimized); ``options`` are :class:`CampaignOptions` fields or the
     family's sizes (:meth:`CampaignOptions.of`). Stops at
     the first distinct failure unless ``max_failures`` says otherwise. ``on_failure(f,
     new)`` is told of each confirmed failure as it is found (``new``: a distinct one)."""
@@ -729,11 +731,9 @@ def campaign(contract: Contract, variant: str, targets: list[Target], *,
             target = by_name.get(f.target)
             if target is None or not minimizable(f.verdict):
                 continue
-            f.original = f.case
-            f.case, f.verdict = minimize(f.case, target, f.verdict,
-                                         lambda cand, t=target: run_case(
-                                             contract, cand, t.fn, messages=c.options.messages,
-                                             strict=c.options.strict))
+            minimize_failure(contract, f, lambda cand, t=target: run_case(
+                contract, cand, t.fn, messages=c.options.messages, strict=c.options.strict),
+                seconds=minimize)
     return report
 
 

@@ -290,7 +290,7 @@ def minimize_finding(contract: Any, failure: Any, *, device: str, seconds: float
     valid layout) run under the finding's tool by one sanitized worker and kept when the
     tool reports the same error; the minimized case's report replaces the verdict's.
     Whether it got smaller. ``abort()``: stop now (the case found is kept)."""
-    from kda_fuzz.campaign.minimize import minimize_with_verdict
+    from kda_fuzz.campaign.minimize import minimize_failure
     from kda_fuzz.engine.oracle import Outcome, expectation
 
     tool = failure.verdict.tool or "memcheck"
@@ -306,16 +306,13 @@ def minimize_finding(contract: Any, failure: Any, *, device: str, seconds: float
 
     with sanitizer.SanitizedWorker(sanitizer.find_sanitizer(), tool, device,
                                    [failure.target]) as worker:
+        found = failure.case
         try:
-            case, verdict = minimize_with_verdict(
-                contract, failure.case, None, failure.verdict, run=run, seconds=seconds,
-                keep=lambda c: expectation(contract, c).ok)
+            minimize_failure(contract, failure, run, seconds=seconds,
+                             keep=lambda c: expectation(contract, c).ok)
         except _Aborted:
             return False
-    if case is failure.case:
-        return False
-    failure.original, failure.case, failure.verdict = failure.case, case, verdict
-    return True
+    return failure.case is not found
 
 
 class _Aborted(BaseException):
