@@ -17,15 +17,14 @@ from collections.abc import Callable
 from typing import Any
 
 from kda_fuzz.campaign.channel import ExitReason, Stop
-from kda_fuzz.campaign.minimize import minimize_failure
+from kda_fuzz.campaign.minimize import candidate_timeout, minimize_failure, minimized_detail
 from kda_fuzz.campaign.results import HARD_KINDS, Failure, minimizable
 from kda_fuzz.campaign.sanitizing import attach_report, minimize_finding
-from kda_fuzz.campaign.supervisor import candidate_timeout, minimized_detail
+from kda_fuzz.campaign.spec import CampaignSpec
 from kda_fuzz.corpus.store import CaseTooLarge, save_failure
-from kda_fuzz.engine.contract import Contract
 from kda_fuzz.engine.oracle import Outcome, run_case
 from kda_fuzz.engine.targets import Target
-from kda_fuzz.workers.deadline import Deadline, PastDeadline
+from kda_fuzz.workers.deadline import PastDeadline
 from kda_fuzz.workers.isolate import IsolatedTarget
 
 SAVE_MARGIN = 1.0  # seconds before the deadline at which minimization stops
@@ -46,38 +45,37 @@ def _why(stop: Stop) -> str:
 class FindingSaver:
     """Minimizes and saves each new distinct failure it is given (``found``), as it comes.
 
-    ``corpus`` ``None``: minimized, not saved. ``deadline``: the command's
-    :class:`~kda_fuzz.workers.deadline.Deadline` (or its end, ``time.monotonic()``): no
-    minimization runs past its ``settle`` instant, no worker is waited for past its end
-    (what is not minimized by then is saved as found). ``skip``: signatures of failures
+    The campaign's ``spec`` says how (its contract, corpus (``None``: minimized, not
+    saved), judging, sanitizer tool) and until when: no minimization runs past its
+    budget's ``settle`` instant, no worker is waited for past its ``end`` (what is not
+    minimized by then is saved as found). ``workers``: minimizations at once (default:
+    the jobs', at most 4). ``skip``: signatures of failures
     handled elsewhere (replayed from an example database): neither minimized nor saved
     here. ``on_found(f)`` and ``on_saved(f)`` are told of each failure when it arrives
     and when it is settled (its ``saved`` path, or its ``note`` saying why it has
     none)."""
 
-    def __init__(self, contract: Contract, corpus: str | None, *, seed: int | None,
-                 device: str = "cpu", timeout: float = 60.0, shrink_seconds: float = 30.0,
-                 messages: str = "exact", strict: bool = False, workers: int = 1,
-                 deadline: Deadline | float | None = None,
+    def __init__(self, spec: CampaignSpec, *,
                  skip: frozenset[tuple[Any, ...]] = frozenset(),
                  on_found: Callable[[Failure], None] | None = None,
                  on_saved: Callable[[Failure], None] | None = None,
                  reproduce: Callable[[Failure], str] | None = None,
-                 sanitize: str | None = None) -> None:
-        self.contract, self.corpus, self.seed = contract, corpus, seed
-        self.device, self.timeout, self.shrink_seconds = device, timeout, shrink_seconds
-        self.judging = {"messages": messages, "strict": strict}
-        if isinstance(deadline, Deadline):  # (a bare end: the old margins before it)
-            self.deadline: float | None = deadline.end
-            self._settle_at: float | None = deadline.settle
-        else:
-            self.deadline = deadline
-            self._settle_at = None if deadline is None else deadline - SAVE_MARGIN
+                 workers: int | None = None) -> None:
+        o, budget = spec.options, spec.budget
+        self.spec = spec
+        self.contract, self.corpus, self.seed = spec.contract, spec.corpus, o.seed
+        self.device, self.timeout = spec.device, budget.timeout
+        self.shrink_seconds = budget.shrink_seconds
+        self.judging = {"messages": o.messages, "strict": o.strict}
+        # no minimization past the budget's settle instant, no worker waited for past its end
+        self.deadline: float | None = budget.end
+        self._settle_at: float | None = budget.settle
         # minimizations still judging a candidate are killed then
         self._cut_at = None if self.deadline is None or self._settle_at is None else (
             self._settle_at + self.deadline) / 2
+        workers = min(spec.jobs, 4) if workers is None else workers
         self.skip = skip
-        self.sanitize = sanitize  # each finding also replayed under this compute-sanitizer tool
+        self.sanitize = o.sanitize  # each finding also replayed under this compute-sanitizer tool
         self.on_found, self.on_saved, self.reproduce = on_found, on_saved, reproduce
         self.stopped: Stop | None = None  # set by ``cut``
         self.settled: list[Failure] = []  # in the order they were settled

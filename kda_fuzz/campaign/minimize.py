@@ -45,6 +45,7 @@ import math
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -483,6 +484,22 @@ def minimize_with_verdict(contract: Contract, case: Case, target_fn: Callable[..
         notes = shrinker.notes(current, notes)
     return Case(current.contract, current.variant, current.tensors, current.scalars,
                 current.intent, notes), hint
+
+def candidate_timeout(verdict: Verdict, timeout: float) -> float:
+    """The per-candidate timeout of a failure's minimization: for a hang, the limit it
+    was found past (its calibrated timeout: a smaller case is no slower), else
+    ``timeout``."""
+    limit = verdict.limit_seconds if verdict.kind == "timeout" else None
+    return min(timeout, float(limit)) if limit else timeout
+
+
+def minimized_detail(found: Verdict, minimized: Verdict, timeout: float) -> Verdict:
+    """``minimized`` (the verdict on the minimized case), its detail saying where a hang's
+    limit came from."""
+    if minimized.kind != "timeout" or candidate_timeout(found, timeout) >= timeout:
+        return minimized
+    return replace(minimized, detail=f"{minimized.detail} (the calibrated per-call timeout "
+                   f"the campaign found it past; --timeout {timeout:g} s is the ceiling)")
 
 
 def minimize_failure(contract: Contract, failure: Failure, run: Callable[[Case], Outcome], *,

@@ -55,10 +55,6 @@ __all__ = ["Arm", "Campaign", "CampaignOptions", "Failure", "Recorder", "Report"
            "fingerprint", "load_target", "minimizable", "plan"]
 
 
-# (case, target, verdict, run) -> (smaller case, its verdict); ``run`` judges a candidate.
-Minimizer = Callable[[Case, Target, Verdict, Callable[[Case], Outcome]], tuple[Case, Verdict]]
-
-
 _LEAD = st.integers(0, 255)  # each example's first draw (see Campaign._body)
 
 # A position in a campaign: (round, arm within the job, example within the arm's run).
@@ -205,6 +201,7 @@ class Campaign:
             self.report.notes += self.contract.status()
         self.recorder.progress(END)
         self.report.seconds = time.monotonic() - t0
+        self.report.stopped = self.stopped
         return self.report
 
     def _run_seeds(self, deadline: float | None) -> None:
@@ -219,6 +216,7 @@ class Campaign:
             if i % parts != mine or pos < self.resume_at:
                 continue
             if deadline is not None and time.monotonic() > deadline:
+                self.stopped = self.stopped or Stop(ExitReason.DEADLINE)
                 raise _Stopped
             case = load_seed(self.contract, path)
             if o.device != "cpu":
@@ -238,6 +236,7 @@ class Campaign:
                 if (rounds, ai, 1 << 62) < self.resume_at:
                     continue  # done before the resume point
                 if deadline is not None and time.monotonic() > deadline:
+                    self.stopped = self.stopped or Stop(ExitReason.DEADLINE)
                     raise _Stopped
                 if deadline is not None and self._over_time_share(arm, arms):
                     continue  # its stratum has had its share of the time for now
@@ -317,7 +316,7 @@ class Campaign:
             index, verdict = hard
             outcome = Outcome("fail", expectation(self.contract, case), verdict)
             self._count(outcome, case)
-            alt = verdict.extra.get("config_alternative")
+            alt = verdict.config_alternative
             if alt is not None:  # it died under other configs: the file re-runs them
                 saved = {"index": int(alt), "seed": self.options.seed or 0,
                          "configs": {k: {} for k in self._configurable(self.targets[index])}}
@@ -330,6 +329,7 @@ class Campaign:
             self.stopped = self.stopped or Stop(ExitReason.STOP_REQUESTED)
             raise _Stopped
         if self._deadline is not None and time.monotonic() > self._deadline:
+            self.stopped = self.stopped or Stop(ExitReason.DEADLINE)
             raise _Stopped
         first: Outcome | None = None
         outcomes: list[Outcome] = []
@@ -644,10 +644,9 @@ class Campaign:
             failure.note = "; ".join(notes)
             return failure
         v = failure.verdict
-        flaky = Verdict("flaky", v.what, f"seen once, then in {same} of {runs} re-runs of the "
-                        f"same case: {v.detail}", v.check, v.message, v.output, v.max_error,
-                        v.where, {**v.extra, "reproduced": same, "reruns": runs,
-                                  "first_kind": v.kind})
+        flaky = replace(v, kind="flaky", detail=f"seen once, then in {same} of {runs} re-runs "
+                        f"of the same case: {v.detail}", reproduced=same, reruns=runs,
+                        first_kind=v.kind)
         return Failure(failure.case, flaky, failure.target)
 
 

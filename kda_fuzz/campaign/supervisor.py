@@ -663,22 +663,6 @@ def _kill_all(procs: list[Any], wait: float = 5.0) -> None:
         p.join(timeout=max(0.0, until - time.monotonic()))
 
 
-def candidate_timeout(verdict: Verdict, timeout: float) -> float:
-    """The per-candidate timeout of a failure's minimization: for a hang, the limit it
-    was found past (its calibrated timeout: a smaller case is no slower), else
-    ``timeout``."""
-    limit = verdict.limit_seconds if verdict.kind == "timeout" else None
-    return min(timeout, float(limit)) if limit else timeout
 
 
-def minimized_detail(found: Verdict, minimized: Verdict, timeout: float) -> Verdict:
-    """``minimized`` (the verdict on the minimized case), its detail saying where a hang's
-    limit came from."""
-    if minimized.kind != "timeout" or candidate_timeout(found, timeout) >= timeout:
-        return minimized
-    return replace(minimized, detail=f"{minimized.detail} (the calibrated per-call timeout "
-                   f"the campaign found it past; --timeout {timeout:g} s is the ceiling)")
-
-
-__all__ = ["JobError", "Supervisor", "candidate_timeout", "claim_device",
-           "device_for", "minimized_detail"]
+__all__ = ["JobError", "Supervisor", "claim_device", "device_for"]

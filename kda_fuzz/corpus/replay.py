@@ -308,7 +308,7 @@ def sanitizer_tool(entry: Entry, sanitize: str | None = None) -> str | None:
     if sanitize is not None:
         return sanitize
     if entry.kind == "sanitizer" and entry.verdict is not None:
-        return str(entry.verdict.extra.get("tool", "memcheck"))
+        return entry.verdict.tool or "memcheck"
     return None
 
 

@@ -1191,7 +1191,7 @@ def _recorded_expectation(raw: Any, kind: str, verdict: Verdict | None) -> Expec
                            hole if isinstance(hole, str) else None)
     if verdict is None:
         return {"contract": Expectation(False), "mismatch": Expectation(True)}.get(kind)
-    first = verdict.extra.get("first_kind", verdict.kind) if verdict.kind == "flaky" \
+    first = (verdict.first_kind or verdict.kind) if verdict.kind == "flaky" \
         else verdict.kind
     if first not in ("contract", "mismatch"):
         return None
@@ -1200,7 +1200,7 @@ def _recorded_expectation(raw: Any, kind: str, verdict: Verdict | None) -> Expec
         return Expectation(True)
     if verdict.check is not None and verdict.message is not None:
         return Expectation(False, verdict.check, verdict.message)
-    return Expectation(False, None, None, str(verdict.extra.get("hole", "")) or "unnamed")
+    return Expectation(False, None, None, verdict.hole or "unnamed")
 
 
 def _no_constants(name: str) -> Any:
