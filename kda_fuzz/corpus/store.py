@@ -461,17 +461,22 @@ def _on_cpu(case: Case) -> Case:
     return moved
 
 
-def _check_scalars(case: Case) -> None:
-    kinds = get_contract(case.contract).scalars
+def _family(case: Case, contract: Contract | None) -> Contract:
+    """The case's contract: the caller's, else the family the case names."""
+    return contract if contract is not None else get_contract(case.contract)
+
+
+def _check_scalars(case: Case, contract: Contract | None = None) -> None:
+    kinds = _family(case, contract).scalars
     for name in (n for n, k in kinds.items() if k.startswith("float")):
         v = case.scalars.get(name)
         if isinstance(v, float) and not math.isfinite(v):
             raise ValueError(f"cannot save a case whose {name} is {v!r} (must be finite)")
 
 
-def _encode_case(case: Case, tensor: Callable[[TensorArg], dict[str, Any]] = _encode_tensor
-                 ) -> dict[str, Any]:
-    _check_scalars(case)
+def _encode_case(case: Case, tensor: Callable[[TensorArg], dict[str, Any]] = _encode_tensor,
+                 contract: Contract | None = None) -> dict[str, Any]:
+    _check_scalars(case, contract)
     return {
         "intent": list(case.intent),
         "notes": _jsonable(dict(sorted(case.notes.items()))),
@@ -557,10 +562,10 @@ def _versions() -> dict[str, str | None]:
     }
 
 
-def _kind_of(case: Case, verdict: Verdict | None) -> str:
+def _kind_of(case: Case, verdict: Verdict | None, contract: Contract | None = None) -> str:
     if verdict is not None:
         return verdict.kind
-    return "mismatch" if expectation(get_contract(case.contract), case).ok else "contract"
+    return "mismatch" if expectation(_family(case, contract), case).ok else "contract"
 
 
 _SCALAR_LIST = re.compile(r"\[\n\s*([^\[\]{}\"]*?)\n\s*\]")
@@ -574,11 +579,12 @@ def _dumps(doc: dict[str, Any]) -> str:
 
 
 def _document(case: Case, verdict: Verdict | None, origin: Mapping[str, Any] | None,
-              description: str, tensor: Callable[[TensorArg], dict[str, Any]]
-              ) -> dict[str, Any]:
-    kind = _kind_of(case, verdict)
+              description: str, tensor: Callable[[TensorArg], dict[str, Any]],
+              contract: Contract | None = None) -> dict[str, Any]:
+    contract = _family(case, contract)
+    kind = _kind_of(case, verdict, contract)
     desc = " ".join(description.split()) or (verdict.summary() if verdict else kind)
-    exp = expectation(get_contract(case.contract), case)
+    exp = expectation(contract, case)
     return {
         "schema": SCHEMA,
         "kind": kind,
@@ -589,7 +595,7 @@ def _document(case: Case, verdict: Verdict | None, origin: Mapping[str, Any] | N
         "verdict": _jsonable(verdict.to_json()) if verdict is not None else None,
         "origin": _jsonable(dict(origin or {})),
         "versions": _versions(),
-        "case": _encode_case(case, tensor),
+        "case": _encode_case(case, tensor, contract),
     }
 
 
@@ -630,7 +636,7 @@ def _file_size(doc: dict[str, Any]) -> int:
     return len(_dumps(skeleton).encode()) + sum(_payload_len(e) for e in tensors.values())
 
 
-def encoded_size(case: Case) -> int:
+def encoded_size(case: Case, contract: Contract | None = None) -> int:
     """About the bytes :func:`save_case` writes for ``case`` (no verdict or description):
     exact when every base is a fill or at most ``EXACT_ESTIMATE_BYTES``, sampled above.
     """
@@ -643,7 +649,7 @@ def encoded_size(case: Case) -> int:
         return {**head, "encoding": "zlib+base64", "base_bytes": "",
                 "size": encoded_base_size(arg.base, arg)}
 
-    doc = _document(case, None, None, "", estimate)
+    doc = _document(case, None, None, "", estimate, contract)
     tensors = doc["case"]["tensors"]
     sizes = {n: e.pop("size", 0) for n, e in tensors.items()}
     return _file_size(doc) + sum(sizes.values())
@@ -651,15 +657,17 @@ def encoded_size(case: Case) -> int:
 
 def encode_entry(case: Case, verdict: Verdict | None, *,
                  origin: Mapping[str, Any] | None = None, description: str = "",
-                 limit: int | None = None) -> tuple[str, str]:
-    """The file name and JSON text of a corpus entry (see :func:`save_case`).
+                 limit: int | None = None, contract: Contract | None = None
+                 ) -> tuple[str, str]:
+    """The file name and JSON text of a corpus entry (see :func:`save_case`; ``contract``:
+    the case's, else the family it names is looked up).
 
     Raises :class:`CaseTooLarge` when the text would exceed ``limit`` bytes (default
     ``MAX_SAVED_BYTES``).
     """
     limit = MAX_SAVED_BYTES if limit is None else limit
     case = _on_cpu(case)
-    doc = _document(case, verdict, origin, description, _encode_tensor)
+    doc = _document(case, verdict, origin, description, _encode_tensor, contract)
     size = _file_size(doc)
     if size > limit:
         raise CaseTooLarge(size, case.describe(), limit)
@@ -668,7 +676,7 @@ def encode_entry(case: Case, verdict: Verdict | None, *,
 
 def save_case(case: Case, verdict: Verdict | None, directory: str | os.PathLike[str], *,
               origin: Mapping[str, Any] | None = None, description: str = "",
-              limit: int | None = None) -> Path:
+              limit: int | None = None, contract: Contract | None = None) -> Path:
     """Write ``case`` (and the failure it shows) into ``directory``; return the file's path.
 
     ``verdict`` ``None`` (a hand-made regression) files the case by what the contract
@@ -678,7 +686,7 @@ def save_case(case: Case, verdict: Verdict | None, directory: str | os.PathLike[
     :class:`CaseTooLarge` and writes nothing.
     """
     name, text = encode_entry(case, verdict, origin=origin, description=description,
-                              limit=limit)
+                              limit=limit, contract=contract)
     return write_atomic(Path(directory) / name, text)
 
 
@@ -787,9 +795,11 @@ def save_failure(failure: Any, directory: str | os.PathLike[str], *, contract: C
     origin = {"target": failure.target, "seed": seed, "date": date, "tool": "kda-fuzz fuzz",
               **({"unminimized": unminimized} if unminimized else {})}
     try:
-        return save_case(case, verdict, directory, description=description, origin=origin)
+        return save_case(case, verdict, directory, description=description, origin=origin,
+                         contract=contract)
     except CaseTooLarge as e:  # never dropped for its size: the smallest that reproduced
         path = save_case(case, verdict, directory, origin=origin, limit=HARD_SAVED_BYTES,
+                         contract=contract,
                          description=f"{description}; over the size cap: no smaller case "
                          "reproduced it")
         failure.note = (f"saved at {e.size / 2**20:.1f} MiB, over the "
