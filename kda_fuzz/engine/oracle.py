@@ -306,7 +306,8 @@ def batch_variance(contract: Contract, case: Case, target: Callable[..., Any], *
                 "mismatch", "batch-variant",
                 f"{unit} re-run {'alone' if name == 'alone' else 'in another order'} "
                 f"({name}: {unit} {members[:8]}{'...' if len(members) > 8 else ''}) differ "
-                f"bitwise from the same {unit} of the whole batch: {where}",
+                f"bitwise from the same {unit} of the whole batch: {where} (--invariance "
+                "bitwise asks for this; the contract asks only for the tolerance)",
                 notes={"sub_batch": name, unit: members[:64]}))
     return Outcome("pass", exp)
 
