@@ -18,7 +18,6 @@ run (time ran out, or the campaign stopped, first).
 from __future__ import annotations
 
 import hashlib
-import json
 import multiprocessing
 import os
 import pickle
@@ -228,15 +227,14 @@ class SanitizerClient:
 
     def _spawn(self) -> None:
         w = self.where
-        spec = {"address": w.address, "lock": w.lock, "exe": self.exe, "tool": self.tool,
-                "device": self.device, "targets": self.targets, "deadline": self.deadline,
-                "anchor": self.anchor}
+        spec = sanitizer.DispatchSpec(w.address, self.exe, self.tool, self.device,
+                                      tuple(self.targets), self.deadline, self.anchor, w.lock)
         env = {**os.environ, sanitizer.ENV_KEY: w.key.hex()}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), env.get("PYTHONPATH"))
                                             if p)
         with open(w.log, "ab") as log:
             proc = subprocess.Popen([sys.executable, "-m", "kda_fuzz.workers.sanitize",
-                                     "dispatch", json.dumps(spec)], stdin=subprocess.DEVNULL,
+                                     "dispatch", spec.to_json()], stdin=subprocess.DEVNULL,
                                     stdout=log, stderr=subprocess.STDOUT, env=env,
                                     start_new_session=True)
         Path(w.lock).write_text(str(proc.pid))

@@ -828,6 +828,31 @@ class _Dispatcher:
             conn.close()
 
 
+@dataclass(frozen=True)
+class DispatchSpec:
+    """What a dispatcher process serves, given on its command line as JSON (``to_json``,
+    ``from_json``): where jobs connect, the sanitizer and its tool, the device, the
+    targets, until when (``deadline``, ``time.monotonic()``), the process it outlives
+    none of (``anchor``) and its lock file."""
+
+    address: str
+    exe: str
+    tool: str
+    device: str
+    targets: tuple[str, ...]
+    deadline: float | None
+    anchor: int
+    lock: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps({**asdict(self), "targets": list(self.targets)})
+
+    @classmethod
+    def from_json(cls, text: str) -> DispatchSpec:
+        raw = json.loads(text)
+        return cls(**{**raw, "targets": tuple(raw["targets"])})
+
+
 def dispatch(address: str, exe: str, tool: str, device: str, targets: Sequence[str], *,
              deadline: float | None, anchor: int, lock: str = "") -> int:
     """Serve a sanitized worker to the campaign jobs that connect to ``address`` (the
@@ -909,10 +934,9 @@ def _main(argv: list[str]) -> int:
     if argv[0] == "serve":
         return _serve(argv[1], argv[2], argv[3:])
     if argv[0] == "dispatch":
-        spec = json.loads(argv[1])
-        return dispatch(spec["address"], spec["exe"], spec["tool"], spec["device"],
-                        spec["targets"], deadline=spec["deadline"], anchor=spec["anchor"],
-                        lock=spec.get("lock", ""))
+        spec = DispatchSpec.from_json(argv[1])
+        return dispatch(spec.address, spec.exe, spec.tool, spec.device, spec.targets,
+                        deadline=spec.deadline, anchor=spec.anchor, lock=spec.lock)
     raise SystemExit(f"usage: python -m kda_fuzz.workers.sanitize serve|dispatch ...: {argv}")
 
 
@@ -923,8 +947,9 @@ if __name__ == "__main__":
     sys.exit(_module._main(sys.argv[1:]))
 
 
-__all__ = ["KEEP", "MAX_CASE_BYTES", "TOOLS", "Bye", "CaseDone", "Hello", "Quit", "Ready",
-           "Result", "RunCase", "SanitizedWorker", "SanitizerError", "SanitizerMissing",
+__all__ = ["KEEP", "MAX_CASE_BYTES", "TOOLS", "Bye", "CaseDone", "DispatchSpec", "Hello",
+           "Quit", "Ready", "Result", "RunCase", "SanitizedWorker", "SanitizerError",
+           "SanitizerMissing",
            "SanitizerReport", "StartFailed", "Started", "Submit", "Unavailable", "dispatch",
            "find_sanitizer", "kill_all", "parse_report", "recv", "run", "sanitize", "send",
            "tight"]
