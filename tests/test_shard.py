@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -129,8 +128,8 @@ def _summary(r: subprocess.CompletedProcess) -> dict:
 
 def _distinct(summary: dict) -> set[tuple]:
     """The distinct failures of a summary, by the campaign's own root-cause signature."""
-    fields = {f.name for f in dataclasses.fields(Verdict)}
-    return {(d["target"], *Verdict(**{k: v for k, v in d.items() if k in fields})
+    saved = set(Verdict("contract", "x", "").to_json())  # a verdict's keys in the summary
+    return {(d["target"], *Verdict.from_json({k: v for k, v in d.items() if k in saved})
              .signature(summary["variant"])) for d in summary["failure_details"]}
 
 
