@@ -14,6 +14,8 @@ It emulates, by environment variable:
   begins, after a report when ``FAKE_SANITIZER_CRASH_REPORT`` is set; with
   ``FAKE_SANITIZER_ONCE=PATH`` only the first process to get there crashes (it creates
   PATH);
+* ``FAKE_SANITIZER_DIE_AFTER=N``: the tool ends the sanitized process (SIGKILL) right
+  after its N-th case has ended, between cases (once, with ``FAKE_SANITIZER_ONCE``);
 * ``FAKE_SANITIZER_NO_START=1``: a tool that cannot start (an error, exit status 1);
 * ``FAKE_SANITIZER_STARTS=PATH``: one line appended to PATH per start (the tests count
   the sanitized processes).
@@ -30,6 +32,7 @@ import time
 VALUED = {"--tool", "--error-exitcode", "--print-limit", "--target-processes",
           "--launch-timeout", "--destroy-on-device-error"}
 BEGIN = "kda-fuzz-sanitize BEGIN "
+END = "kda-fuzz-sanitize END "
 
 
 def report(address: int | None = None, size: int = 0, loose: bool = False) -> str:
@@ -76,6 +79,7 @@ def main(argv: list[str]) -> int:
     plant = int(env.get("FAKE_SANITIZER_REPORT", "0"))
     crash = int(env.get("FAKE_SANITIZER_CRASH", "0"))
     loose = bool(env.get("FAKE_SANITIZER_LOOSE"))
+    die_after = int(env.get("FAKE_SANITIZER_DIE_AFTER", "0"))
     proc = subprocess.Popen(argv[i:], stdout=subprocess.PIPE, text=True, bufsize=1)
     assert proc.stdout is not None
     errors = cases = 0
@@ -87,6 +91,12 @@ def main(argv: list[str]) -> int:
             print(report(int(address, 16), int(size), loose), flush=True)
             continue
         print(line, flush=True)
+        if line.startswith(END) and cases == die_after and _crashes_here():
+            time.sleep(0.5)  # the case's end has reached the worker
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            print(f"========= ERROR SUMMARY: {errors} error(s)", flush=True)
+            return 137
         if not line.startswith(BEGIN):
             continue
         cases += 1

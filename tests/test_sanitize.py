@@ -24,6 +24,7 @@ KDA = get_contract("kda")
 ROOT = Path(__file__).resolve().parents[1]
 WIDE = "tests.sanitizer_targets:reads_past_indices_of_wide_batches"
 REFERENCE = "kda_fuzz_kernels.kda_decode:reference_kda_packed_decode"
+SLOW_ON_TWO = "tests.sanitizer_targets:slow_on_two_rows"
 
 MEMCHECK = """\
 ========= COMPUTE-SANITIZER
@@ -266,7 +267,8 @@ def test_a_crash_of_the_sanitized_process_is_reported_and_the_worker_restarts(
     monkeypatch.setenv("FAKE_SANITIZER_STARTS", str(tmp_path / "starts"))
     if with_report:
         monkeypatch.setenv("FAKE_SANITIZER_CRASH_REPORT", "1")
-    reports = sanitizer.sanitize("memcheck", REFERENCE, [_case(1), _case(2), _case(1, 5)],
+    # (the second case, of two rows, is slow: the kill lands in the middle of it)
+    reports = sanitizer.sanitize("memcheck", SLOW_ON_TWO, [_case(1), _case(2), _case(1, 5)],
                                  device="cpu")
     statuses = [r.status for r in reports]
     assert statuses == ["clean", "errors" if with_report else "failed", "clean"], reports
@@ -274,6 +276,19 @@ def test_a_crash_of_the_sanitized_process_is_reported_and_the_worker_restarts(
     if with_report:  # evidence: a finding of the case that was running
         v = reports[1].verdict()
         assert v is not None and v.kind == "sanitizer"
+    assert len(_starts(tmp_path / "starts")) == 2
+
+
+def test_a_process_the_tool_ends_between_cases_costs_the_next_case_nothing(
+        fake_tool: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The tool ends the process right after a case has ended: the next case runs in a
+    fresh process and is judged there (not reported as a death of its own)."""
+    monkeypatch.setenv("FAKE_SANITIZER_DIE_AFTER", "1")
+    monkeypatch.setenv("FAKE_SANITIZER_ONCE", str(tmp_path / "once"))
+    monkeypatch.setenv("FAKE_SANITIZER_STARTS", str(tmp_path / "starts"))
+    reports = sanitizer.sanitize("memcheck", REFERENCE, [_case(1), _case(2), _case(1, 5)],
+                                 device="cpu")
+    assert [r.status for r in reports] == ["clean", "clean", "clean"], reports
     assert len(_starts(tmp_path / "starts")) == 2
 
 

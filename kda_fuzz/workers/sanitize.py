@@ -506,11 +506,25 @@ class SanitizedWorker:
             abort: Callable[[], bool] | None = None) -> SanitizerReport | None:
         """Run ``case`` on ``target`` under the tool; its report, or None when ``abort()``
         held first (the process is killed). Raises :class:`StartFailed` when the process
-        could not start."""
+        could not start. A process that dies before the case began in it (after the end
+        of the case before, as the tool ends it) is the case before's: the case runs again
+        in a fresh one."""
+        if self._p is not None and self._p.ready and self._p.gone():
+            self.kill()  # it died between cases: a fresh one
+        report, began = self._run(target, case, timeout, abort)
+        if began or report is None or report.status != "failed" or report.errors:
+            return report
+        self.kill()
+        return self._run(target, case, timeout, abort)[0]
+
+    def _run(self, target: str, case: Case | bytes, timeout: float,
+             abort: Callable[[], bool] | None) -> tuple[SanitizerReport | None, bool]:
+        """:meth:`run` once: the report, and whether the case began in the process (its
+        ``Started`` came)."""
         if not self.wait_ready(START_TIMEOUT, abort):
             if abort is not None and abort():
                 self.kill()
-                return None
+                return None, False
             self.kill()
             raise StartFailed(f"the sanitized process was not ready within {START_TIMEOUT:g} s")
         p = self._p
@@ -542,13 +556,13 @@ class SanitizedWorker:
                     continue
             if abort is not None and abort():
                 self.kill()
-                return None
+                return None, started is not None
             if p.gone():
                 break
             self.kill()
             return SanitizerReport(self.tool, "failed", seconds=timeout,
                                    note=f"the case did not end within {timeout:g} s under the "
-                                   "tool (the sanitized process was killed)")
+                                   "tool (the sanitized process was killed)"), True
         seconds = time.monotonic() - t0
         end = f"{MARK} END {cid}"
         if done is not None:
@@ -594,7 +608,7 @@ class SanitizedWorker:
             self.ran += 1
         if died or (done is not None and done.lost) or (mine and self.device != "cpu"):
             self.kill()  # a fresh process (and device context) for the next case
-        return report
+        return report, started is not None
 
 
 def _how(code: int | None) -> str:
