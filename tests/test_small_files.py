@@ -128,3 +128,62 @@ def test_runs_round_trip_bit_exact_and_bad_runs_are_rejected() -> None:
             assert words in str(e), e
         else:
             raise AssertionError(f"accepted: {words}")
+
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[
+        t.element_size()])
+
+
+def test_a_big_crash_not_minimized_in_time_is_saved_small_with_its_recipes(
+        tmp_path: Path) -> None:
+    """A crash on a big case that minimization could not shrink (cut by the deadline, or
+    flaky: a device fault that depends on where a buffer lies) names no element: the
+    saver regenerates its float values from recipes (its non-finite ones kept), says so,
+    and the file is small; sent between processes pickled (as a job sends a finding), the
+    recipes travel with the bases and the file stays small; it loads back bit for bit."""
+    import pickle
+
+    from kda_fuzz.campaign.channel import ExitReason, Stop
+    from kda_fuzz.campaign.findings import FindingSaver
+    from kda_fuzz.campaign.spec import CampaignSpec
+    from kda_fuzz.engine.recipe import hint_of
+    from kda_fuzz.engine.verdict import Verdict
+
+    p = KdaLayout(B=64, H=2, HV=8, K=100, V=48, spare_slots=7, qkv_row_pad=3, slot_pad=5,
+                  guard=2, seed=3)
+    case = build(p, "triton")
+    state = case.tensors["initial_state"]
+    assert state.base.numel() * 4 > 10 * MiB
+    state.base[state.offset + 5] = float("nan")  # a non-finite value is kept bit for bit
+    crash = Verdict("crash", "device-fault", "the device faulted: an illegal memory access")
+    mismatch = Verdict("mismatch", "out", "wrong values")
+    saver = FindingSaver(CampaignSpec.of(KDA, "triton", [], corpus=str(tmp_path), seed=1))
+    saver.request(Stop(ExitReason.DEADLINE))  # no time left to minimize
+    f = Failure(case, crash, "m:k")
+    saver.found_inline(f, None)
+    assert "float values regenerated from recipes without a re-run" in f.note, f.note
+    assert "initial_state" in f.note and f.original is case
+    path = Path(f.saved)
+    assert path.stat().st_size < MiB // 16, path.stat().st_size
+    loaded, _, _ = load_case(path)
+    for n, a in f.case.tensors.items():
+        assert torch.equal(_bits(loaded.tensors[n].base), _bits(a.base)), n
+    assert torch.isnan(loaded.tensors["initial_state"].base[state.offset + 5])
+    assert torch.equal(loaded.tensors["ssm_state_indices"].base,
+                       case.tensors["ssm_state_indices"].base)  # indices as found
+    sent = pickle.loads(pickle.dumps(f))  # JobFound's way between processes
+    assert hint_of(sent.case.tensors["initial_state"].base) == \
+        hint_of(f.case.tensors["initial_state"].base) is not None
+    sent.verdict, before = Verdict("crash", "process-died", "another"), sent.note
+    other = FindingSaver(CampaignSpec.of(KDA, "triton", [], corpus=str(tmp_path / "b"),
+                                         seed=1))
+    other.request(Stop(ExitReason.DEADLINE))
+    other.found_inline(sent, None)
+    assert sent.note == before  # nothing left to regenerate: its recipes came along
+    assert Path(sent.saved).stat().st_size < MiB // 16
+    # a verdict that names elements keeps the values it was found with
+    g = Failure(build(p, "triton"), mismatch, "m:k")
+    saver.found_inline(g, None)
+    assert "regenerated" not in g.note and Path(g.saved).stat().st_size > MiB

@@ -17,7 +17,13 @@ from collections.abc import Callable
 from typing import Any
 
 from kda_fuzz.campaign.channel import ExitReason, Stop
-from kda_fuzz.campaign.minimize import candidate_timeout, minimize_failure, minimized_detail
+from kda_fuzz.campaign.minimize import (
+    NO_ELEMENT_KINDS,
+    candidate_timeout,
+    minimize_failure,
+    minimized_detail,
+    values_from_recipes,
+)
 from kda_fuzz.campaign.results import HARD_KINDS, Failure, minimizable
 from kda_fuzz.campaign.sanitizing import attach_report, minimize_finding
 from kda_fuzz.campaign.spec import CampaignSpec
@@ -302,6 +308,7 @@ class FindingSaver:
             assert self.stopped is not None
             f.note = (f.note + "; " if f.note else "") + f"not minimized: {_why(self.stopped)}"
         if self.corpus is not None:
+            self._compact(f)
             try:
                 f.saved = str(save_failure(f, self.corpus, contract=self.contract,
                                            seed=self.seed,
@@ -316,6 +323,29 @@ class FindingSaver:
             self.settled.append(f)
         if self.on_saved is not None:
             self.on_saved(f)
+
+
+    def _compact(self, f: Failure) -> None:
+        """A finding whose verdict names no element, still big after minimization (cut by
+        the deadline, or no smaller candidate reproduced it), is saved with its float
+        values regenerated from recipes (not re-run), so that its file stays small."""
+        if f.verdict.kind not in NO_ELEMENT_KINDS:
+            return
+        try:
+            small = values_from_recipes(f.case)
+        except Exception as e:  # the machinery's own: the finding is saved as it is
+            f.note = (f.note + "; " if f.note else "") + (
+                f"values not regenerated: {type(e).__name__}: {e}")
+            return
+        if small is None:
+            return
+        if f.original is None:
+            f.original = f.case
+        f.case = small
+        f.note = (f.note + "; " if f.note else "") + (
+            "float values regenerated from recipes without a re-run ("
+            + ", ".join(small.notes["values_regenerated"])
+            + "): the verdict names no element and minimization did not shrink the case")
 
 
 def _wants_minimizing(f: Failure) -> bool:

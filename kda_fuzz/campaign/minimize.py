@@ -526,3 +526,40 @@ def minimize_failure(contract: Contract, failure: Failure, run: Callable[[Case],
     failure.original, failure.case = failure.case, case
     failure.verdict = detail(verdict) if detail is not None else verdict
     return True
+
+
+SMALL_FILE_BYTES = 1 << 20  # the goal for every saved file
+NO_ELEMENT_KINDS = ("crash", "timeout", "sanitizer")  # verdicts that name no element
+
+
+def values_from_recipes(case: Case, limit: int = SMALL_FILE_BYTES // 2) -> Case | None:
+    """``case`` with every bulky float tensor's values regenerated whole from a grid recipe
+    (its non-finite elements kept bit for bit), when its tensors would take more than
+    ``limit`` bytes in a file; None when they would not, or nothing changes. Not
+    re-run: for a finding whose verdict names no element (:data:`NO_ELEMENT_KINDS`) that
+    minimization did not shrink in time, so that its file stays small at any scale; the
+    case's notes name the tensors (``values_regenerated``)."""
+    costs = _Costs()
+    if costs.encoded_case(case) <= limit:
+        return None
+    new: dict[str, TensorArg] = {}
+    for n, a in case.tensors.items():
+        if a.device.type == "meta" or not a.dtype.is_floating_point \
+                or not math.prod(a.shape) or _overlapping(a.shape, a.stride) \
+                or costs.encoded(a) <= BULKY_BYTES:
+            continue
+        h = _recipe.hint_of(a.base)
+        if h is not None and h.recipe.name != "grid":
+            continue
+        kept = ((0, a.base.numel()),) if h is None else _recipe.known_kept(a)
+        if not kept:
+            continue  # already the recipe's values
+        recipe, outside = (h.recipe, h.outside) if h is not None else \
+            (_recipe.grid_recipe(a, n), _recipe.outside_word(a))
+        new[n] = _recipe.regenerate(a, recipe, outside, _recipe.ranges_of(_non_finite(a, kept)))
+    if not new:
+        return None
+    regenerated = _replace(case, new)
+    notes = {**regenerated.notes, "values_regenerated": sorted(new)}
+    return Case(regenerated.contract, regenerated.variant, regenerated.tensors,
+                regenerated.scalars, regenerated.intent, notes)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -17,6 +18,39 @@ def footprint(shape: Sequence[int], stride: Sequence[int], offset: int = 0) -> i
     if any(n == 0 for n in shape):
         return 0
     return offset + 1 + sum((n - 1) * abs(st) for n, st in zip(shape, stride))
+
+
+class BaseMarks:
+    """A value remembered per tensor object while it lives (by identity: tensors compare
+    elementwise, so weak sets and dicts of them do not work). Each is registered under its
+    ``name``, and a pickled :class:`TensorArg` carries its base's marks with it (a finding
+    sent from a job to the parent keeps the recipes its bases were made from)."""
+
+    registry: ClassVar[dict[str, BaseMarks]] = {}
+
+    def __init__(self, name: str) -> None:
+        if name in BaseMarks.registry:
+            raise ValueError(f"base marks {name!r} already exist")
+        self.name = name
+        self._marks: dict[int, tuple[weakref.ref[torch.Tensor], Any]] = {}
+        BaseMarks.registry[name] = self
+
+    def get(self, t: torch.Tensor, default: Any = None) -> Any:
+        hit = self._marks.get(id(t))
+        return hit[1] if hit is not None and hit[0]() is t else default
+
+    def add(self, t: torch.Tensor, value: Any = True) -> None:
+        key = id(t)
+        self._marks[key] = (weakref.ref(t, lambda _, key=key: self._marks.pop(key, None)), value)
+
+    def __contains__(self, t: torch.Tensor) -> bool:
+        return self.get(t) is not None
+
+
+def marks_of(t: torch.Tensor) -> dict[str, Any]:
+    """Every registered mark of ``t``, by name."""
+    return {name: v for name, m in BaseMarks.registry.items()
+            if (v := m.get(t)) is not None}
 
 
 @dataclass(frozen=True)
@@ -52,6 +86,23 @@ class TensorArg:
     def on(self, device: torch.device | str) -> TensorArg:
         """The same argument with its base moved to ``device``."""
         return TensorArg(self.base.to(device), self.shape, self.stride, self.offset)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        marks = marks_of(self.base)
+        if marks:
+            state["marks"] = marks
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        marks = state.pop("marks", {})
+        for k, v in state.items():
+            object.__setattr__(self, k, v)
+        for name, v in marks.items():  # (marks of a module not imported here are dropped)
+            m = BaseMarks.registry.get(name)
+            if m is not None:
+                m.add(self.base, v)
 
 
 INT_SENTINEL = 2**30 + 7  # the guard value of integer buffers: an out-of-range index if read

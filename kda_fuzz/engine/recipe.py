@@ -182,7 +182,7 @@ class Hint:
         return self.kept == ()
 
 
-HINTS = BaseMarks()  # base tensor -> Hint
+HINTS = BaseMarks("recipe")  # base tensor -> Hint
 
 
 def hint_of(base: torch.Tensor) -> Hint | None:

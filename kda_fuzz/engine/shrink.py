@@ -6,7 +6,6 @@ another shape while keeping its padding and guard cells.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -15,32 +14,14 @@ import torch
 
 # the guard values, as the layouts build them (INT_SENTINEL re-exported)
 from kda_fuzz.engine.case import INT_SENTINEL as INT_SENTINEL
+from kda_fuzz.engine.case import BaseMarks as BaseMarks
 from kda_fuzz.engine.case import Case, TensorArg, footprint, sentinel
 
 SMALL_AXIS = 64  # axes up to this long try every chunk position ...
 MAX_POSITIONS = 8  # ... longer ones this many per chunk size
 
-class BaseMarks:
-    """A value remembered per tensor object while it lives (by identity: tensors compare
-    elementwise, so weak sets and dicts of them do not work)."""
-
-    def __init__(self) -> None:
-        self._marks: dict[int, tuple[weakref.ref[torch.Tensor], Any]] = {}
-
-    def get(self, t: torch.Tensor, default: Any = None) -> Any:
-        hit = self._marks.get(id(t))
-        return hit[1] if hit is not None and hit[0]() is t else default
-
-    def add(self, t: torch.Tensor, value: Any = True) -> None:
-        key = id(t)
-        self._marks[key] = (weakref.ref(t, lambda _, key=key: self._marks.pop(key, None)), value)
-
-    def __contains__(self, t: torch.Tensor) -> bool:
-        return self.get(t) is not None
-
-
 # bases whose cells outside the view are known to hold the sentinel (made by ``make``)
-SENTINEL_OUTSIDE = BaseMarks()
+SENTINEL_OUTSIDE = BaseMarks("sentinel-outside")
 
 
 class CostModel(Protocol):

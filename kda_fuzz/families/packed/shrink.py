@@ -527,7 +527,7 @@ def _scalar_moves(case: Case, size: float) -> Iterator[_Move]:
 
 
 # pool bases whose unnamed slots a move zeroed, with the slots named then
-_UNNAMED_ZEROED = BaseMarks()
+_UNNAMED_ZEROED = BaseMarks("packed-unnamed-zeroed")
 
 
 def _named_slots(case: Case) -> frozenset[int] | None:
