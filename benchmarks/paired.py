@@ -13,7 +13,8 @@ other round), each with empty Triton and Inductor caches, as a fresh machine has
 temporary folder; ``--baseline-dir`` takes an exported tree (a machine without git). The
 command is ``python -m kda_fuzz fuzz --device D --jobs auto --max-seconds S
 --valid-share 1 --max-examples 10**7 --seed 1 --no-save --json`` plus ``--args``: the
-default mode of ``benchmarks/gpu_throughput.py``. Rates are over each command's wall time
+default mode of ``benchmarks/gpu_throughput.py`` (``--args`` defaults to ``--contract
+helion``: this repository configures both variants). Rates are over each command's wall time
 (start-up, compiles and the wrap-up included). Prints every run, then per round the ratio
 this / baseline of examples/s and of verified rows/s, and their median and range.
 """
@@ -91,7 +92,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--jobs", default="auto")
-    ap.add_argument("--args", default="", help="more arguments for both commands")
+    ap.add_argument("--args", default="--contract helion",
+                    help="more arguments for both commands (default: --contract helion)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         baseline = (Path(args.baseline_dir).resolve() if args.baseline_dir
