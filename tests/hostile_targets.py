@@ -102,3 +102,9 @@ def aborts_past_16_rows(*args):
     if _rows(args) > 16:
         os.abort()
     return reference_kda_packed_decode(*args)
+
+
+def slow_but_correct(*args):
+    """Correct, and one second and a half per call (a job likely mid-call at its end)."""
+    time.sleep(1.5)
+    return reference_kda_packed_decode(*args)

@@ -286,3 +286,18 @@ def test_the_scale_stratum_takes_at_most_its_time_share_of_a_time_bounded_campai
         return arms[0].time_share if arms else None
 
     assert share_of(0.03) == SCALE_TIME_SHARE and share_of(0.5) == 0.5
+
+
+def test_a_job_ended_in_the_middle_of_an_arm_reports_its_time() -> None:
+    """A time-bounded job is ended in the middle of an arm (by the deadline, or killed in
+    an example): the seconds its strata took reach the summary all the same (counted after
+    each example, so its last progress carries them); only a whole arm's end counted them
+    before, and a job of one long arm reported a tenth of its time."""
+    sup = Supervisor(CampaignSpec.of("kda", "triton", ["tests.hostile_targets:slow_but_correct"],
+                                     max_examples=10**6, max_seconds=12.0, seed=2,
+                                     valid_share=1.0))
+    report = sup.run()
+    assert not report.failures and report.examples >= 3
+    spent = sum(report.stratum_seconds.values())
+    assert spent >= 1.5 * report.examples  # every example's call took 1.5 s
+    assert spent >= 0.5 * (report.seconds - report.startup_seconds), (spent, report.seconds)

@@ -147,6 +147,7 @@ class Campaign:
             self.report.add_counters(resume[1])
         self.hard = dict(hard or {})
         self._stratum = "valid"  # the stratum of the arm being run (see _run_arm)
+        self._mark: float | None = None  # its last tick (None: no arm running, see _tick)
         self._arm = "valid"  # and its name
         self.known: dict[tuple[Any, ...], Failure] = {}
         self.seen = seen  # failures kept elsewhere (by the supervisor): repeats here
@@ -270,11 +271,22 @@ class Campaign:
             suppress_health_check=list(HealthCheck), print_blob=False,
         )(given(st.data())(self._body))
         seed = self.options.seed or 0
-        t = time.monotonic()
+        self._mark = time.monotonic()
         try:
             hypothesis_seed((seed * 1009 + arm.index) * 7919 + rounds)(test)()
         finally:
-            self.report.stratum_seconds[arm.stratum] += time.monotonic() - t
+            self._tick()
+            self._mark = None
+
+    def _tick(self) -> None:
+        """Count the seconds since the last tick as the current arm's stratum's (after
+        each example too, so that a job's progress, and a job ended in the middle of an
+        arm, carry them)."""
+        if self._mark is None:  # (a seed case: no arm's)
+            return
+        now = time.monotonic()
+        self.report.stratum_seconds[self._stratum] += now - self._mark
+        self._mark = now
 
     def _body(self, data: st.DataObject) -> None:
         pos: Position = (self._pos[0], self._pos[1], self._pos[2])
@@ -307,6 +319,7 @@ class Campaign:
             raise
         except Exception as e:  # an error of the fuzzer or of the environment
             raise _Halt(e) from e
+        self._tick()
         self.recorder.progress((pos[0], pos[1], pos[2] + 1))
 
     def _example(self, pos: Position, case: Case) -> None:
