@@ -228,29 +228,10 @@ def _recipe_moves(case: Case, costs: _Costs, size: float) -> Iterator[_Move]:
     if size <= SIMPLE_BYTES:
         return
     t = case.tensors
-    found: list[tuple[str, Ranges, int, int]] = []  # name, kept, encoded, recipe to pay
-    for n, a in t.items():
-        if a.device.type == "meta" or not a.dtype.is_floating_point \
-                or not math.prod(a.shape) or _overlapping(a.shape, a.stride):
-            continue
-        enc = costs.encoded(a)
-        h = _recipe.hint_of(a.base)
-        if enc <= BULKY_BYTES or (h is not None and h.recipe.name != "grid"):
-            continue
-        kept = ((0, a.base.numel()),) if h is None else _recipe.known_kept(a)
-        if kept:
-            found.append((n, kept, enc, RECIPE_BYTES if h is None else 0))
-    found.sort(key=lambda f: -f[2])
+    found = _recipe_candidates(case, costs)
 
     def regenerated(keeps: Mapping[str, Ranges]) -> Case:
-        new = {}
-        for n, keep in keeps.items():
-            a = t[n]
-            h = _recipe.hint_of(a.base)
-            recipe, outside = (h.recipe, h.outside) if h is not None else \
-                (_recipe.grid_recipe(a, n), _recipe.outside_word(a))
-            new[n] = _recipe.regenerate(a, recipe, outside, keep)
-        return _replace(case, new)
+        return _regenerated(case, keeps)
 
     def only_non_finite(n: str, kept: Ranges) -> Case:
         odd = _non_finite(t[n], kept)
@@ -274,6 +255,38 @@ def _recipe_moves(case: Case, costs: _Costs, size: float) -> Iterator[_Move]:
                 yield _Move(f"{n}: cells {lo + s}..{lo + e - 1} from the recipe",
                             lambda n=n, keep=keep: regenerated({n: keep}),
                             after(enc * (e - s) / total, paid), same_shape=True)
+
+
+def _recipe_candidates(case: Case, costs: _Costs) -> list[tuple[str, Ranges, int, int]]:
+    """The bulky float tensors whose values a grid recipe may make, biggest first: (name,
+    the base ranges not yet the recipe's, encoded bytes, what the recipe costs to add)."""
+    found: list[tuple[str, Ranges, int, int]] = []
+    for n, a in case.tensors.items():
+        if a.device.type == "meta" or not a.dtype.is_floating_point \
+                or not math.prod(a.shape) or _overlapping(a.shape, a.stride):
+            continue
+        enc = costs.encoded(a)
+        h = _recipe.hint_of(a.base)
+        if enc <= BULKY_BYTES or (h is not None and h.recipe.name != "grid"):
+            continue
+        kept = ((0, a.base.numel()),) if h is None else _recipe.known_kept(a)
+        if kept:
+            found.append((n, kept, enc, RECIPE_BYTES if h is None else 0))
+    found.sort(key=lambda f: -f[2])
+    return found
+
+
+def _regenerated(case: Case, keeps: Mapping[str, Ranges]) -> Case:
+    """``case`` with each named tensor made by its recipe (its hint's, else a grid recipe of
+    its own), the base ranges in ``keeps[name]`` kept as they are."""
+    new = {}
+    for n, keep in keeps.items():
+        a = case.tensors[n]
+        h = _recipe.hint_of(a.base)
+        recipe, outside = (h.recipe, h.outside) if h is not None else \
+            (_recipe.grid_recipe(a, n), _recipe.outside_word(a))
+        new[n] = _recipe.regenerate(a, recipe, outside, keep)
+    return _replace(case, new)
 
 
 def _spans(n: int) -> Iterator[tuple[int, int]]:
@@ -520,7 +533,7 @@ def minimize_failure(contract: Contract, failure: Failure, run: Callable[[Case],
                                           failure.verdict, run=run, seconds=seconds, keep=keep)
     if proven is not None and verdict.kind == "timeout" and case is not failure.case \
             and not proven(case):
-        failure.note = (failure.note + "; " if failure.note else "") + (
+        failure.add_note(
             "the minimized case returned within --timeout: the hang is saved as found")
         return False
     failure.original, failure.case = failure.case, case
@@ -542,24 +555,9 @@ def values_from_recipes(case: Case, limit: int = SMALL_FILE_BYTES // 2) -> Case 
     costs = _Costs()
     if costs.encoded_case(case) <= limit:
         return None
-    new: dict[str, TensorArg] = {}
-    for n, a in case.tensors.items():
-        if a.device.type == "meta" or not a.dtype.is_floating_point \
-                or not math.prod(a.shape) or _overlapping(a.shape, a.stride) \
-                or costs.encoded(a) <= BULKY_BYTES:
-            continue
-        h = _recipe.hint_of(a.base)
-        if h is not None and h.recipe.name != "grid":
-            continue
-        kept = ((0, a.base.numel()),) if h is None else _recipe.known_kept(a)
-        if not kept:
-            continue  # already the recipe's values
-        recipe, outside = (h.recipe, h.outside) if h is not None else \
-            (_recipe.grid_recipe(a, n), _recipe.outside_word(a))
-        new[n] = _recipe.regenerate(a, recipe, outside, _recipe.ranges_of(_non_finite(a, kept)))
-    if not new:
+    keeps = {n: _recipe.ranges_of(_non_finite(case.tensors[n], kept))
+             for n, kept, _, _ in _recipe_candidates(case, costs)}
+    if not keeps:
         return None
-    regenerated = _replace(case, new)
-    notes = {**regenerated.notes, "values_regenerated": sorted(new)}
-    return Case(regenerated.contract, regenerated.variant, regenerated.tensors,
-                regenerated.scalars, regenerated.intent, notes)
+    regenerated = _regenerated(case, keeps)
+    return replace(regenerated, notes={**regenerated.notes, "values_regenerated": sorted(keeps)})
