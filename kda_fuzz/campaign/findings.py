@@ -192,7 +192,7 @@ class FindingSaver:
                 self._sanitized(f)
                 self._settle(f)
             except BaseException as e:  # never lose the failure to our own error
-                f.note = (f.note + "; " if f.note else "") + f"not minimized: {e!r}"
+                f.add_note(f"not minimized: {e!r}")
                 self._settle(f)
             finally:
                 with self._idle:
@@ -266,7 +266,7 @@ class FindingSaver:
         except _Cut:
             return
         if seconds < self.shrink_seconds and time.monotonic() >= end:
-            f.note = (f.note + "; " if f.note else "") + (
+            f.add_note(
                 "partly minimized: minimization cut short by the --max-seconds deadline")
 
     def _sanitized(self, f: Failure) -> None:
@@ -284,7 +284,7 @@ class FindingSaver:
                                  seconds=min(self.shrink_seconds, left or self.shrink_seconds),
                                  abort=lambda: self._out_of_time())
             except Exception as e:  # the machinery's own: the finding is saved as found
-                f.note = (f.note + "; " if f.note else "") + (
+                f.add_note(
                     f"not minimized under the sanitizer: {type(e).__name__}: {e}")
             return
         assert self.sanitize is not None
@@ -306,7 +306,7 @@ class FindingSaver:
         cut = f.original is None and self.stopped is not None and _wants_minimizing(f)
         if cut:
             assert self.stopped is not None
-            f.note = (f.note + "; " if f.note else "") + f"not minimized: {_why(self.stopped)}"
+            f.add_note(f"not minimized: {_why(self.stopped)}")
         if self.corpus is not None:
             self._compact(f)
             try:
@@ -317,13 +317,12 @@ class FindingSaver:
                 if self.reproduce is not None:
                     f.reproduce = self.reproduce(f)
             except CaseTooLarge as e:
-                f.note = (f.note + "; " if f.note else "") + str(e)
+                f.add_note(str(e))
                 self.too_large.append(f)
         with self._lock:
             self.settled.append(f)
         if self.on_saved is not None:
             self.on_saved(f)
-
 
     def _compact(self, f: Failure) -> None:
         """A finding whose verdict names no element, still big after minimization (cut by
@@ -334,15 +333,14 @@ class FindingSaver:
         try:
             small = values_from_recipes(f.case)
         except Exception as e:  # the machinery's own: the finding is saved as it is
-            f.note = (f.note + "; " if f.note else "") + (
-                f"values not regenerated: {type(e).__name__}: {e}")
+            f.add_note(f"values not regenerated: {type(e).__name__}: {e}")
             return
         if small is None:
             return
         if f.original is None:
             f.original = f.case
         f.case = small
-        f.note = (f.note + "; " if f.note else "") + (
+        f.add_note(
             "float values regenerated from recipes without a re-run ("
             + ", ".join(small.notes["values_regenerated"])
             + "): the verdict names no element and minimization did not shrink the case")

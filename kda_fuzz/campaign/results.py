@@ -40,6 +40,10 @@ class Failure:
     found_seconds: float | None = None
     found_example: int | None = None
 
+    def add_note(self, text: str) -> None:
+        """Append ``text`` to ``note`` (``; `` between notes)."""
+        self.note = f"{self.note}; {text}" if self.note else text
+
     @property
     def signature(self) -> tuple[Any, ...]:
         """The target and the verdict's :meth:`Verdict.signature` on this case's variant."""

@@ -326,7 +326,7 @@ def attach_report(failure: Any, tool: str, device: str, timeout: float = 600.0) 
         report = sanitizer.sanitize(tool, failure.target, [failure.case], device=device,
                                     timeout=timeout)[0]
     except Exception as e:  # the machinery's own
-        failure.note = (failure.note + "; " if failure.note else "") + (
+        failure.add_note(
             f"no sanitizer report: {type(e).__name__}: {e}")
         return
     failure.verdict = replace(failure.verdict, notes={**failure.verdict.notes,
