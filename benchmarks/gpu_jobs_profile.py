@@ -31,14 +31,16 @@ def _job(i: int, n: int, args: argparse.Namespace, out: str, start: Any, census:
 
     from kda_fuzz.campaign.runner import Campaign, Recorder
     from kda_fuzz.campaign.spec import CampaignOptions
-    from kda_fuzz.campaign.supervisor import _SharedRecorder
+    from kda_fuzz.campaign.supervisor import CALIBRATION, _SharedRecorder
+    from kda_fuzz.campaign.timeouts import store_size
     from kda_fuzz.engine.targets import load_target
     from kda_fuzz.families import get_contract
 
     target = load_target(args.target)
     # the isolated default's per-example bookkeeping (a flight record; its progress
     # messages go nowhere here), or none as with --no-isolate
-    recorder = (_SharedRecorder(mp.RawArray("d", 6), lambda pos: None, args.device)
+    record = mp.RawArray("d", CALIBRATION + store_size(1))  # the supervisor's layout
+    recorder = (_SharedRecorder(record, lambda pos: None, args.device)
                 if args.flight else Recorder())
 
     def run(seconds: float, seed: int) -> Any:
