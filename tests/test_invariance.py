@@ -9,6 +9,7 @@ import torch
 
 from kda_fuzz.campaign.runner import campaign
 from kda_fuzz.corpus.store import load_case, save_failure
+from kda_fuzz.engine.case import Case, same_signature
 from kda_fuzz.engine.oracle import batch_variance, run_case
 from kda_fuzz.engine.targets import Target, load_target
 from kda_fuzz.execution import cpu as _execution  # noqa: F401 - kernels run on CPU
@@ -35,12 +36,21 @@ def batch_variant(*args):
 
 
 def test_sub_batches_keep_the_layout_and_name_the_rows():
-    case = build(KdaLayout(B=5, H=1, HV=2, K=4, V=4, padding="some", qkv_row_pad=3, guard=2,
+    case = build(KdaLayout(B=5, H=1, HV=2, K=4, V=4, padding="first", qkv_row_pad=3, guard=2,
                            seed=3), "triton")
     subs = sub_batches(case)
-    assert [name for name, _, _ in subs] == ["alone", "reversed"]
-    (_, alone, one), (_, rev, rows) = subs
+    assert [name for name, _, _ in subs] == ["alone", "padded", "reversed"]
+    (_, alone, one), (_, padded, kept), (_, rev, rows) = subs
     assert len(one) == 1 and rows == [4, 3, 2, 1, 0]
+    # the padded one: the same row in place, every other row padding, nothing else changed
+    idx = case.tensors["ssm_state_indices"].view()
+    pidx = padded.tensors["ssm_state_indices"].view()
+    assert [r for r in kept if r >= 0] == one and len(kept) == 5
+    assert pidx.tolist() == [int(idx[r]) if r >= 0 else -1 for r in kept]
+    assert idx.tolist().count(-1) < 4  # (the case's own indices untouched by the copy)
+    assert same_signature(case, padded) and same_signature(case, rev)
+    assert not same_signature(case, alone)  # a batch of one: another shape
+    assert run_case(KDA, padded, reference).status == "pass"
     for name in ("mixed_qkv", "out", "ssm_state_indices"):
         full, sub = case.tensors[name], rev.tensors[name]
         assert sub.stride == full.stride and sub.offset == full.offset  # only the batch moves
@@ -95,6 +105,43 @@ def test_a_batch_variant_kernel_is_found_bitwise_and_replays(tmp_path: Path):
     assert run_case(KDA, case, batch_variant).verdict.what == "batch-variant"
     # a bitwise-invariant kernel passes it (the vectorised reference is not one)
     assert run_case(KDA, case, fused_recurrent_kda_packed_decode).status == "pass"
+
+
+def test_the_default_runs_only_sub_batches_of_the_cases_own_shapes(monkeypatch):
+    """Under tolerance every sub-batch judged has the whole batch's signature (a kernel
+    specialized on shapes compiles nothing for it); bitwise adds the batch of one."""
+    from kda_fuzz.campaign.runner import Campaign
+
+    judged: list[tuple[Case, Case]] = []  # (the whole batch, a sub-batch judged)
+    parent: list[Case] = []
+    check, judge = Campaign._batch_invariance, Campaign._judge
+
+    def spy_check(self, pos, case):
+        parent.append(case)
+        try:
+            return check(self, pos, case)
+        finally:
+            parent.pop()
+
+    def spy_judge(self, pos, index, case, *a, **k):
+        if parent:
+            judged.append((parent[-1], case))
+        return judge(self, pos, index, case, *a, **k)
+
+    monkeypatch.setattr(Campaign, "_batch_invariance", spy_check)
+    monkeypatch.setattr(Campaign, "_judge", spy_judge)
+    for mode in ("tolerance", "bitwise"):
+        judged.clear()
+        rep = campaign(KDA, "triton", [Target("t", fused_recurrent_kda_packed_decode)],
+                       max_examples=16, seed=2, valid_share=1.0, invariance=mode,
+                       invariance_every=1, max_failures=20)
+        assert rep.batch_checks > 4 and not rep.failures
+        same = [same_signature(whole, sub) for whole, sub in judged]
+        if mode == "tolerance":
+            assert judged and all(same)
+        else:  # the batch of one, of another shape, among them
+            assert not all(same) and any(sub.tensors["mixed_qkv"].shape[0] == 1
+                                         for _, sub in judged)
 
 
 def test_off_runs_no_sub_batch():

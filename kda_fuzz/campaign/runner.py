@@ -26,7 +26,7 @@ from kda_fuzz.campaign.results import Failure, Report, minimizable
 from kda_fuzz.campaign.shard import shard_arms
 from kda_fuzz.campaign.spec import CampaignOptions
 from kda_fuzz.campaign.steering import Steering, describe_feature
-from kda_fuzz.engine.case import Case, Judging, fingerprint
+from kda_fuzz.engine.case import Case, Judging, fingerprint, same_signature
 from kda_fuzz.engine.contract import Contract
 from kda_fuzz.engine.oracle import (
     EnvironmentFailure,
@@ -403,11 +403,15 @@ class Campaign:
 
     def _batch_invariance(self, pos: Position, case: Case) -> None:
         """Re-run the case's rows in the family's sub-batches on each target: each judged
-        as a case of its own, and under ``bitwise`` compared with the whole batch's rows."""
+        as a case of its own, and under ``bitwise`` compared with the whole batch's rows.
+        Under ``tolerance`` only the sub-batches of the case's own signature run (no
+        compile: a batch of another size is a draw of its own)."""
         assert self.contract.batch is not None
         self.report.batch_checks += 1
+        subs = [sub for _, sub, _ in self.contract.batch.sub_batches(case)
+                if self.options.invariance == "bitwise" or same_signature(case, sub)]
         for index, target in enumerate(self.targets[:len(self.targets) - len(self.peers)]):
-            for _, sub, _ in self.contract.batch.sub_batches(case):
+            for sub in subs:
                 outcome = self._judge(pos, index, sub, target)
                 if outcome.status == "fail" and outcome.verdict is not None:
                     self._failed(sub, outcome.verdict, target, pos=pos, index=index)

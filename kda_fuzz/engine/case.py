@@ -181,6 +181,15 @@ def guarded_arg(shape: Sequence[int], dtype: torch.dtype, values: torch.Tensor |
     return arg
 
 
+def same_signature(a: Case, b: Case) -> bool:
+    """Whether two cases' arguments agree in everything a kernel specializes on (each
+    tensor's shape, strides, offset and dtype; the scalars), values and buffers aside."""
+    return a.scalars == b.scalars and a.tensors.keys() == b.tensors.keys() and all(
+        (t.shape, t.stride, t.offset, t.dtype)
+        == (u.shape, u.stride, u.offset, u.dtype)
+        for t, u in ((a.tensors[n], b.tensors[n]) for n in a.tensors))
+
+
 @dataclass
 class Case:
     """Arguments of one call of a contract's entry point, plus how they were made.

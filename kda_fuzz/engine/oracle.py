@@ -302,10 +302,11 @@ def batch_variance(contract: Contract, case: Case, target: Callable[..., Any], *
             continue
         where = contract.batch.differs(case, kwargs, sub_case, sub, members)
         if where is not None:
+            shown = [m for m in members if m >= 0]
             return Outcome("fail", exp, Verdict(
                 "mismatch", "batch-variant",
-                f"{unit} re-run {'alone' if name == 'alone' else 'in another order'} "
-                f"({name}: {unit} {members[:8]}{'...' if len(members) > 8 else ''}) differ "
+                f"{unit} re-run in another batch ({name}: {unit} {shown[:8]}"
+                f"{'...' if len(shown) > 8 else ''} of the whole batch's) differ "
                 f"bitwise from the same {unit} of the whole batch: {where} (--invariance "
                 "bitwise asks for this; the contract asks only for the tolerance)",
                 notes={"sub_batch": name, unit: members[:64]}))

@@ -1,10 +1,12 @@
 """Batch invariance of a packed decode step: a row's result must not depend on which other
 rows share its batch, nor on its place in it.
 
-A valid case yields two sub-batches: its first live row alone, and all its rows in
-reverse order. Each keeps everything else of the case as it is (dtypes, strides and
+A valid case yields three sub-batches: its first live row alone (a batch of one), the same
+row in place with every other row made padding (the batch's shapes kept), and all its rows
+in reverse order. Each keeps everything else of the case as it is (dtypes, strides and
 offsets of every tensor, guard cells, the whole state pool), so that only the batch
-changes. ``differs`` compares a sub-batch's rows with the same rows of the full batch,
+changes. The last two keep every shape, so a kernel specialized on shapes compiles nothing
+for them. ``differs`` compares a sub-batch's rows with the same rows of the full batch,
 bitwise: ``out`` row by row, and the state slot each live row names.
 """
 
@@ -51,20 +53,36 @@ def _take_rows(arg: TensorArg, rows: list[int]) -> TensorArg:
     return out
 
 
+def _padded(arg: TensorArg, keep: int) -> TensorArg:
+    """``ssm_state_indices`` with every row but ``keep`` made padding (-1): a copy."""
+    base = arg.base.clone()
+    out = TensorArg(base, arg.shape, arg.stride, arg.offset)
+    view = out.view(base)
+    kept = view[keep].clone()
+    view.fill_(-1)
+    view[keep] = kept
+    return out
+
+
 def sub_batches(case: Case) -> list[tuple[str, Case, list[int]]]:
-    """``(name, sub-case, rows)``: each sub-case's row ``j`` is the case's row ``rows[j]``.
-    None for a case with no live row or a single row."""
+    """``(name, sub-case, rows)``: each sub-case's row ``j`` is the case's row ``rows[j]``
+    (-1: a padding row of the sub-case, none of the case's). Empty for a case with no live
+    row or a single row."""
     idx = case.tensors["ssm_state_indices"].view().to(torch.long).cpu()
     B = idx.shape[0] if idx.dim() == 1 else 0
     live = [b for b in range(B) if int(idx[b]) >= 0]
     if not live or B < 2:
         return []
+    notes = {k: v for k, v in case.notes.items() if k not in ("rows", "live_rows", "tail_rows")}
     out = []
     for name, rows in (("alone", [live[0]]), ("reversed", list(range(B - 1, -1, -1)))):
         tensors = {n: (_take_rows(t, rows) if n in ROWS else t) for n, t in case.tensors.items()}
-        sub = replace(case, tensors=tensors, notes={
-            k: v for k, v in case.notes.items() if k not in ("rows", "live_rows", "tail_rows")})
-        out.append((name, sub, rows))
+        out.append((name, replace(case, tensors=tensors, notes=notes), rows))
+    if len(live) > 1:  # (a single live row: the case is its own padded sub-batch)
+        tensors = {**case.tensors, "ssm_state_indices": _padded(
+            case.tensors["ssm_state_indices"], live[0])}
+        out.insert(1, ("padded", replace(case, tensors=tensors, notes=notes),
+                       [b if b == live[0] else -1 for b in range(B)]))
     return out
 
 
@@ -72,11 +90,14 @@ def differs(case: Case, full: dict[str, Any], sub_case: Case, sub: dict[str, Any
             rows: list[int]) -> str | None:
     """Where the sub-batch's results differ bitwise from the full batch's (None: nowhere):
     the first row whose ``out`` or state slot differs, found in one comparison each."""
-    if not rows:
+    pairs = [(j, r) for j, r in enumerate(rows) if r >= 0]
+    if not pairs:
         return None
     idx = case.tensors["ssm_state_indices"].view().to(torch.long).cpu()
-    out_rows = _unequal_rows(_rows_of(full["out"], rows), sub["out"][:len(rows)])
-    slots = [(j, r, int(idx[r])) for j, r in enumerate(rows) if int(idx[r]) >= 0]
+    js, rs = [j for j, _ in pairs], [r for _, r in pairs]
+    found = _unequal_rows(_rows_of(full["out"], rs), _rows_of(sub["out"], js))
+    out_rows = [js[i] for i in found]
+    slots = [(j, r, int(idx[r])) for j, r in pairs if int(idx[r]) >= 0]
     state_rows: list[int] = []
     if slots:
         at = torch.tensor([s for _, _, s in slots]).to(full["initial_state"].device)
