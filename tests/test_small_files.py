@@ -187,3 +187,30 @@ def test_a_big_crash_not_minimized_in_time_is_saved_small_with_its_recipes(
     g = Failure(build(p, "triton"), mismatch, "m:k")
     saver.found_inline(g, None)
     assert "regenerated" not in g.note and Path(g.saved).stat().st_size > MiB
+
+
+def test_a_cut_minimization_keeps_the_steps_it_made() -> None:
+    """A minimization cut short (the deadline, an interrupt: the run raises ``Cut``) keeps
+    the smallest failing case it reached, not the case as found."""
+    from kda_fuzz.campaign.minimize import Cut, minimize_failure
+
+    p = KdaLayout(B=64, H=2, HV=8, K=100, V=48, spare_slots=7, qkv_row_pad=3, slot_pad=5,
+                  guard=2, seed=3)
+    case = build(p, "triton")
+    outcome = run_case(KDA, case, planted.writes_unnamed_slot)
+    failure = Failure(case, outcome.verdict, "tests.planted:writes_unnamed_slot")
+    kept: list[int] = []
+
+    def run(cand):
+        got = run_case(KDA, cand, planted.writes_unnamed_slot)
+        if got.status == "fail" and got.verdict.what == outcome.verdict.what:
+            kept.append(1)
+            if len(kept) == 3:
+                raise Cut  # cut while judging the step after the third kept one
+        return got
+
+    assert minimize_failure(KDA, failure, run, seconds=60.0)
+    assert failure.original is case and failure.case is not case
+    assert len(failure.case.notes["minimized"]) == 2
+    assert corpus.encoded_size(failure.case) < corpus.encoded_size(case)
+    assert run_case(KDA, failure.case, planted.writes_unnamed_slot).status == "fail"

@@ -19,6 +19,7 @@ from typing import Any
 from kda_fuzz.campaign.channel import ExitReason, Stop
 from kda_fuzz.campaign.minimize import (
     NO_ELEMENT_KINDS,
+    Cut,
     candidate_timeout,
     minimize_failure,
     minimized_detail,
@@ -36,8 +37,8 @@ from kda_fuzz.workers.isolate import IsolatedTarget
 SAVE_MARGIN = 1.0  # seconds before the deadline at which minimization stops
 
 
-class _Cut(BaseException):
-    """Ends a minimization at once (not an ``Exception``: the minimizer lets it through)."""
+class _Cut(Cut):
+    """Ends a minimization at once, keeping what it reached (see ``minimize.Cut``)."""
 
 
 def _why(stop: Stop) -> str:
@@ -265,7 +266,12 @@ class FindingSaver:
                 return
         except _Cut:
             return
-        if seconds < self.shrink_seconds and time.monotonic() >= end:
+        if self.stopped is not None:
+            if f.original is not None and f.case is f.original:  # cut before any step
+                f.original = None  # (saved as found, marked so)
+                return
+            f.add_note(f"partly minimized: {_why(self.stopped)}")
+        elif seconds < self.shrink_seconds and time.monotonic() >= end:
             f.add_note(
                 "partly minimized: minimization cut short by the --max-seconds deadline")
 

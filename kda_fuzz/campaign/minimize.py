@@ -83,6 +83,11 @@ class _OutOfTime(Exception):
     """The minimization budget is spent."""
 
 
+class Cut(BaseException):
+    """Raised by a candidate's ``run`` (or ``proven``) to end a minimization at once (an
+    interrupt, the ``--max-seconds`` deadline): the smallest failing case found so far is
+    kept. Not an ``Exception``, so that no candidate's handling swallows it."""
+
 
 # ------------------------------------------------------------------ cost
 
@@ -484,7 +489,7 @@ def minimize_with_verdict(contract: Contract, case: Case, target_fn: Callable[..
                     break
             else:
                 break
-    except _OutOfTime:
+    except (_OutOfTime, Cut):
         pass
     if not steps:
         return case, verdict
@@ -525,17 +530,21 @@ def minimize_failure(contract: Contract, failure: Failure, run: Callable[[Case],
     that fails the same way (:func:`minimize_with_verdict`; ``keep`` as there) and the
     verdict on it (through ``detail`` when given), the case as found kept in
     ``original``. ``proven(case)``, when given, is asked of a smaller case that hangs:
-    when it says no, the failure stays as found, with a note. Whether the failure was
-    replaced (by the same case when nothing smaller failed the same way). A
-    ``BaseException`` from ``run`` or ``proven`` (a cut) passes through, the failure left
-    as found."""
+    when it says no (or is cut), the failure stays as found, with a note. Whether the
+    failure was replaced (by the same case when nothing smaller failed the same way). A
+    :class:`Cut` from ``run`` ends the minimization with what it reached so far (each step
+    of it failed the same way)."""
     case, verdict = minimize_with_verdict(contract, failure.case, None,  # type: ignore[arg-type]
                                           failure.verdict, run=run, seconds=seconds, keep=keep)
-    if proven is not None and verdict.kind == "timeout" and case is not failure.case \
-            and not proven(case):
-        failure.add_note(
-            "the minimized case returned within --timeout: the hang is saved as found")
-        return False
+    if proven is not None and verdict.kind == "timeout" and case is not failure.case:
+        try:
+            hangs = proven(case)
+        except Cut:
+            hangs = False
+        if not hangs:
+            failure.add_note("the minimized case was not proven to hang past --timeout: "
+                             "the hang is saved as found")
+            return False
     failure.original, failure.case = failure.case, case
     failure.verdict = detail(verdict) if detail is not None else verdict
     return True

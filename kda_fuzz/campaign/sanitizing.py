@@ -33,6 +33,7 @@ from multiprocessing.connection import Client, Connection
 from pathlib import Path
 from typing import Any
 
+from kda_fuzz.campaign.minimize import Cut
 from kda_fuzz.engine.case import Case
 from kda_fuzz.workers import sanitize as sanitizer
 
@@ -287,7 +288,7 @@ def minimize_finding(contract: Any, failure: Any, *, device: str, seconds: float
     """Minimize a ``sanitizer`` finding with the project's minimizer, each candidate (a
     valid layout) run under the finding's tool by one sanitized worker and kept when the
     tool reports the same error; the minimized case's report replaces the verdict's.
-    Whether it got smaller. ``abort()``: stop now (the case found is kept)."""
+    Whether it got smaller. ``abort()``: stop now (the smallest case so far is kept)."""
     from kda_fuzz.campaign.minimize import minimize_failure
     from kda_fuzz.engine.oracle import Outcome, expectation
 
@@ -305,16 +306,13 @@ def minimize_finding(contract: Any, failure: Any, *, device: str, seconds: float
     with sanitizer.SanitizedWorker(sanitizer.find_sanitizer(), tool, device,
                                    [failure.target]) as worker:
         found = failure.case
-        try:
-            minimize_failure(contract, failure, run, seconds=seconds,
-                             keep=lambda c: expectation(contract, c).ok)
-        except _Aborted:
-            return False
+        minimize_failure(contract, failure, run, seconds=seconds,
+                         keep=lambda c: expectation(contract, c).ok)
     return failure.case is not found
 
 
-class _Aborted(BaseException):
-    """Ends a minimization under the sanitizer at once (the minimizer lets it through)."""
+class _Aborted(Cut):
+    """Ends a minimization under the sanitizer at once (what it reached is kept)."""
 
 
 def attach_report(failure: Any, tool: str, device: str, timeout: float = 600.0) -> None:
