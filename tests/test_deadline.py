@@ -130,3 +130,28 @@ def test_max_seconds_ends_the_command_in_time_with_every_finding_saved(
     if name == "hangs-no-isolate":  # nothing stops the call: the watchdog wraps up
         assert summary["stopped"] == "deadline"
         assert any("left running" in n for n in summary["notes"]), summary["notes"]
+
+
+def test_a_finding_keeps_its_minimization_time_before_the_end(tmp_path: Path) -> None:
+    """Once a failure waits for its minimization, the jobs stop drawing by the budget's
+    ``minimize`` instant (its shrink seconds, at most a fifth of the clock, before the
+    minimizations' end) rather than running to the draw's end: the summary says so and
+    every finding is saved minimized."""
+    from kda_fuzz.campaign.spec import Budget
+
+    clock = Deadline(100.0, 60.0)
+    assert Budget(shrink_seconds=30.0, clock=clock).minimize == clock.settle - 12.0
+    assert Budget(shrink_seconds=5.0, clock=clock).minimize == clock.settle - 5.0
+    assert clock.started < Budget(clock=clock).minimize < clock.draw
+    seconds = 15.0
+    wall, code, summary, err = _fuzz(tmp_path, seconds, "--target", "tests.mutants:pad_wrap",
+                                     "--contract", "triton", "--valid-share", "1",
+                                     "--max-failures", "50")
+    assert code == 1, err[-3000:]
+    assert wall < seconds + allowance(seconds), (wall, err[-3000:])
+    assert any(n.startswith("stopped drawing") and "minimization" in n
+               for n in summary["notes"]), summary["notes"]
+    saved = list((tmp_path / "corpus").rglob("*.json"))
+    assert saved and len(saved) == summary["failures"], err[-3000:]
+    assert not any(json.loads(p.read_text())["description"].startswith("[not minimized]")
+                   for p in saved)

@@ -25,7 +25,7 @@ from kda_fuzz.campaign.minimize import (
     minimized_detail,
     values_from_recipes,
 )
-from kda_fuzz.campaign.results import HARD_KINDS, Failure, minimizable
+from kda_fuzz.campaign.results import Failure, minimizable, wants_minimizing
 from kda_fuzz.campaign.sanitizing import attach_report, minimize_finding
 from kda_fuzz.campaign.spec import CampaignSpec
 from kda_fuzz.corpus.store import CaseTooLarge, save_failure
@@ -353,9 +353,8 @@ class FindingSaver:
 
 
 def _wants_minimizing(f: Failure) -> bool:
-    """Minimized in an isolated worker: what the campaign can re-run, and crashes and hangs
-    (each candidate may kill the worker); not flaky failures, not peer disagreements."""
-    return (minimizable(f.verdict) or f.verdict.kind in HARD_KINDS) and " vs " not in f.target
+    """Minimized in an isolated worker (a sanitizer finding is minimized under its tool)."""
+    return wants_minimizing(f) and f.verdict.kind != "sanitizer"
 
 
 def _kill(iso: IsolatedTarget) -> None:

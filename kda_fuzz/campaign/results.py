@@ -437,3 +437,13 @@ def minimizable(verdict: Verdict) -> bool:
     crash, hang, flaky failure or peer disagreement."""
     return verdict.kind not in (*HARD_KINDS, "flaky", "sanitizer") \
         and not verdict.what.startswith("peers-")
+
+
+def wants_minimizing(failure: Failure) -> bool:
+    """Whether the campaign minimizes ``failure`` (in an isolated worker: what it can
+    re-run, and crashes and hangs, each candidate of which may kill the worker; or under
+    the sanitizer, a sanitizer finding); not flaky failures, not peer disagreements."""
+    v = failure.verdict
+    return (minimizable(v) or v.kind in (*HARD_KINDS, "sanitizer")) \
+        and " vs " not in failure.target
+

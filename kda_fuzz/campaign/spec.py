@@ -98,12 +98,16 @@ class CampaignOptions:
         return cls(**options)
 
 
+# of the --max-seconds clock: the most a finding's minimization is kept from the draw
+MINIMIZE_SHARE = 0.2
+
+
 @dataclass(frozen=True)
 class Budget:
     """Every limit of one campaign: examples, distinct failures, the per-call ceiling
     (``timeout``: the calibrated limit's, and a hang's proof), the seconds one finding's
     minimization may take, and the ``--max-seconds`` clock (``None``: no time limit). Each
-    phase reads its instant here (``draw``, ``kill``, ``settle``, ``calibrate``,
+    phase reads its instant here (``draw``, ``minimize``, ``kill``, ``settle``, ``calibrate``,
     ``replay``, ``end``: see :class:`~kda_fuzz.workers.deadline.Deadline`; ``None``
     without a clock)."""
 
@@ -134,6 +138,16 @@ class Budget:
     def settle(self) -> float | None:
         """When every minimization has ended."""
         return self._at("settle")
+
+    @property
+    def minimize(self) -> float | None:
+        """When the jobs stop drawing once a failure waits for its minimization: it is
+        given ``shrink_seconds`` (at most ``MINIMIZE_SHARE`` of the clock) before
+        ``settle``, never less because it was found late in the campaign."""
+        if self.clock is None:
+            return None
+        reserve = min(self.shrink_seconds, MINIMIZE_SHARE * self.clock.seconds)
+        return max(self.clock.started, self.clock.settle - reserve)
 
     @property
     def calibrate(self) -> float | None:

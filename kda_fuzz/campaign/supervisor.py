@@ -58,7 +58,7 @@ from kda_fuzz.campaign.channel import (
     Snapshot,
     Stop,
 )
-from kda_fuzz.campaign.results import Failure, Report
+from kda_fuzz.campaign.results import Failure, Report, wants_minimizing
 from kda_fuzz.campaign.runner import Campaign, Position, Recorder
 from kda_fuzz.campaign.spec import CampaignOptions, CampaignSpec
 from kda_fuzz.campaign.steering import note as shifted_note
@@ -317,6 +317,9 @@ class Supervisor:
         self.wrap, self.on_example = wrap, on_example
         self.on_found = on_found  # told of each new distinct failure as it arrives
         self.hard_deadline = spec.budget.kill  # time.monotonic() by which every job has ended
+        # once a failure is found the jobs stop drawing by then: its minimization's time
+        self.minimize_at = spec.budget.minimize
+        self.reserved: Stop | None = None  # the jobs were stopped for a minimization
         self._kept: dict[tuple[Any, ...], Failure] = {}  # signature as found -> failure
         self.interrupted: Stop | None = None  # set by ``interrupt`` (a signal handler)
         self.stopped: Stop | None = None  # why the campaign ended early, if it did
@@ -390,6 +393,7 @@ class Supervisor:
                     self.stopped = self.interrupted
                     self.stop.set()
                     cut = time.monotonic() + STOP_GRACE
+                self._reserve()
                 hard = self.hard_deadline
                 if (cut is not None and time.monotonic() > cut) or (
                         hard is not None and time.monotonic() > hard):
@@ -424,6 +428,8 @@ class Supervisor:
                                                      self.report.history)
         self.report = report
         self.report.stopped = self._why_stopped()
+        if self.reserved is not None:
+            self.report.notes.append(str(self.reserved))
         if self.restarts:
             self.report.notes.append(f"{self.restarts} job restart(s) after a crash or hang")
         if self.report.shifted:
@@ -434,11 +440,27 @@ class Supervisor:
         self.report.seconds = time.monotonic() - t0
         return self.report
 
+    def _reserve(self) -> None:
+        """Past ``minimize_at`` with a failure to minimize: stop the jobs drawing, so that
+        its minimization has its time before the clock's end."""
+        if self.reserved is not None or self.minimize_at is None or self.stop.is_set() \
+                or time.monotonic() < self.minimize_at \
+                or not any(wants_minimizing(f) for f in self.report.failures):
+            return
+        left = max(0.0, (self.spec.budget.end or 0.0) - time.monotonic())
+        self.reserved = Stop(ExitReason.DEADLINE, f"stopped drawing {left:.0f} s before "
+                             "the --max-seconds deadline: the rest is the findings' "
+                             "minimization's")
+        self.stop.set()
+
     def _why_stopped(self) -> Stop | None:
         """Why the campaign stopped early: an interrupt, the clock (a job stopped drawing
-        at it, or was killed), --max-failures; ``None``: every job ran its plan."""
+        at it, or was killed, or the jobs were stopped to leave a finding its
+        minimization), --max-failures; ``None``: every job ran its plan."""
         if self.stopped is not None:
             return self.stopped
+        if self.reserved is not None and len(self.report.failures) < self.options.max_failures:
+            return self.reserved
         stops = [s.summary.get("stopped") for s in self.states]
         clock = [x for x in stops if x is not None and x.reason is ExitReason.DEADLINE]
         if clock:

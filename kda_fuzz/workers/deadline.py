@@ -9,7 +9,8 @@ share of the budget before ``end`` (the command's exit), never after it:
   (a quarter of the budget: a target that hangs must leave time for the campaign);
 * ``replay``: the example database's stored failures are replayed until then at the latest
   (half of the budget; the entries not replayed stay stored);
-* ``draw``: the jobs stop drawing examples (``wrap_up`` before ``end``);
+* ``draw``: the jobs stop drawing examples (``wrap_up`` before ``end``; earlier once a
+  failure waits for its minimization, see ``Budget.minimize``);
 * ``kill``: a job still in an example is killed, its last progress kept;
 * ``settle``: every minimization has ended (its worker killed); findings not minimized by
   then are saved as found;
