@@ -7,7 +7,7 @@ other round), each with empty Triton and Inductor caches, as a fresh machine has
 
     python benchmarks/paired.py --baseline REV | --baseline-dir DIR
                                 [--rounds 2] [--seconds 60] [--device cuda]
-                                [--args '--target M:F --contract helion ...']
+                                [--args '--target M:F --contract helion ...'] [--keep DIR]
 
 ``--baseline REV`` exports that revision of this repository (``git archive``) to a
 temporary folder; ``--baseline-dir`` takes an exported tree (a machine without git). The
@@ -72,7 +72,10 @@ def run(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
     return {"wall": wall, "examples": s["examples"], "rows": s.get("valid_rows", 0),
             "failures": s.get("failures", 0), "startup": s.get("startup_seconds", 0.0),
             "compiling": s.get("compiling_seconds", 0.0),
-            "job_seconds": sum(s.get("stratum_seconds", {}).values())}
+            "job_seconds": sum(s.get("stratum_seconds", {}).values()),
+            "strata": {k: (s.get("stratum_rows", {}).get(k, 0), v)
+                       for k, v in s.get("stratum_seconds", {}).items()},
+            "summary": s}
 
 
 def _spread(xs: list[float]) -> str:
@@ -94,6 +97,7 @@ def main() -> None:
     ap.add_argument("--jobs", default="auto")
     ap.add_argument("--args", default="--contract helion",
                     help="more arguments for both commands (default: --contract helion)")
+    ap.add_argument("--keep", metavar="DIR", help="write each run's JSON summary there")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         baseline = (Path(args.baseline_dir).resolve() if args.baseline_dir
@@ -113,6 +117,12 @@ def main() -> None:
                       f"{got['examples'] / got['wall']:8.1f} {got['rows'] / got['wall']:11,.0f} "
                       f"{got['startup']:10.1f} {got['compiling']:11.1f} "
                       f"{got['job_seconds']:6.0f} {got['failures']}", flush=True)
+                print("      strata (rows, job-s): " + ", ".join(
+                    f"{k} {n:,} rows {sec:.0f} s" for k, (n, sec) in got["strata"].items()))
+                if args.keep:
+                    Path(args.keep).mkdir(parents=True, exist_ok=True)
+                    (Path(args.keep) / f"round{r + 1}-{name}.json").write_text(
+                        json.dumps(got["summary"], indent=1, default=str))
         ex = [t["examples"] / t["wall"] / max(1e-9, b["examples"] / b["wall"])
               for b, t in zip(results["baseline"], results["this"])]
         rows = [t["rows"] / t["wall"] / max(1e-9, b["rows"] / b["wall"])

@@ -55,7 +55,6 @@ __all__ = ["Arm", "Campaign", "CampaignOptions", "Failure", "Recorder", "Report"
            "fingerprint", "load_target", "minimizable", "plan"]
 
 
-_LEAD = st.integers(0, 255)  # each example's first draw (see Campaign._body)
 
 # A position in a campaign: (round, arm within the job, example within the arm's run).
 # Positions grow in the order examples run, and a campaign run again from the same plan
@@ -103,6 +102,9 @@ class Recorder:
 
     def progress(self, position: Position) -> None:
         """The examples before ``position`` are done."""
+
+
+_LEAD = st.integers(0, 255)  # the first draw of a costly arm's example (Campaign._body_drawn)
 
 
 class Campaign:
@@ -263,13 +265,16 @@ class Campaign:
         self._strategy = arm.strategy
         self._first = arm_before(arm, self._cycle, rounds)
         # every Hypothesis run starts with the arm's simplest case: after the first round
-        # it is skipped before its case is drawn (see _body), so an arm of one example per
-        # round does not run that case again and again
+        # it is skipped (see _body), so an arm of one example per round does not run that
+        # case again and again. The case is the test's argument (a draw from ``st.data()``
+        # costs about half a millisecond more per example), but in an arm whose cases are
+        # costly (a time share: GPU-scale layouts), where it is skipped before it is drawn
+        costly = arm.time_share is not None
         test = settings(
             max_examples=n + (rounds > 0), database=None, deadline=None,
             phases=(Phase.generate,),
             suppress_health_check=list(HealthCheck), print_blob=False,
-        )(given(st.data())(self._body))
+        )(given(st.data())(self._body_drawn) if costly else given(arm.strategy)(self._body))
         seed = self.options.seed or 0
         self._mark = time.monotonic()
         try:
@@ -288,16 +293,22 @@ class Campaign:
         self.report.stratum_seconds[self._stratum] += now - self._mark
         self._mark = now
 
-    def _body(self, data: st.DataObject) -> None:
-        pos: Position = (self._pos[0], self._pos[1], self._pos[2])
+    def _body_drawn(self, data: st.DataObject) -> None:
+        """``_body`` of an arm of costly cases: a later round's first example is skipped
+        before its case is built."""
         # one cheap draw first: an example that draws nothing would end the run (Hypothesis
         # takes its choices as exhausted)
         data.draw(_LEAD)
-        if pos[0] and not pos[2]:
+        if self._pos[0] and not self._pos[2]:
             self._pos[2] += 1
             return  # a later round's first example: the simplest case, run in the first round
-        case = data.draw(self._strategy)  # (a case the strategy rejects gets no position)
-        self._pos[2] += 1
+        self._body(data.draw(self._strategy))
+
+    def _body(self, case: Case) -> None:
+        pos: Position = (self._pos[0], self._pos[1], self._pos[2])
+        self._pos[2] += 1  # (a case the strategy rejects never gets here: no position)
+        if pos[0] and not pos[2]:
+            return  # a later round's first example: the simplest case, run in the first round
         if (self._first + pos[2] - (pos[0] > 0)) % self._share[1] != self._share[0]:
             return  # another shard's example (drawn all the same: the draws stay aligned)
         if pos not in self.hard:

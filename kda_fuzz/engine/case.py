@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import weakref
 from collections.abc import Sequence
@@ -108,6 +109,7 @@ class TensorArg:
 INT_SENTINEL = 2**30 + 7  # the guard value of integer buffers: an out-of-range index if read
 
 
+@functools.cache
 def sentinel(dtype: torch.dtype) -> float | int | bool:
     """The value guard cells of a ``dtype`` buffer hold (NaN for floating dtypes)."""
     if dtype.is_floating_point or dtype.is_complex:

@@ -227,6 +227,7 @@ def bucket_size(B: int) -> int:
     return size
 
 
+@functools.cache
 def _dim(variant: str, hi: int = 256) -> st.SearchStrategy[int]:
     hi = max(1, min(256, hi))
     if variant == "helion":
@@ -234,6 +235,7 @@ def _dim(variant: str, hi: int = 256) -> st.SearchStrategy[int]:
     return st.one_of(st.sampled_from([d for d in EDGE_DIMS if d <= hi]), st.integers(1, hi))
 
 
+@functools.cache
 def _small_or(hi: int, lo: int = 1) -> st.SearchStrategy[int]:
     return st.one_of(st.just(0), st.integers(lo, hi))
 
@@ -292,6 +294,42 @@ def _batch(draw: Callable, cap: int, max_b: int, bucket: bool) -> tuple[int, int
 # Padding rows of a layout: all four kinds with live rows come three times as often as a
 # batch that is padding only (which checks no arithmetic, and at a large B costs as much
 # device time as a live one).
+# Strategies a draw of a layout uses, each made once (Hypothesis validates a new strategy
+# object at its first draw: about as costly as the draw itself)
+@functools.cache
+def _ints(lo: int, hi: int) -> st.SearchStrategy[int]:
+    return st.integers(lo, hi)
+
+
+@functools.cache
+def _divisors(n: int, most: int = 8) -> st.SearchStrategy[int]:
+    return st.sampled_from([d for d in range(1, min(most, n) + 1) if n % d == 0])
+
+
+@functools.cache
+def _spare(most: int) -> st.SearchStrategy[int]:
+    return st.one_of(st.integers(0, min(3, most)), st.integers(0, most))
+
+
+@functools.cache
+def _same_or_any(dtype: torch.dtype) -> st.SearchStrategy[torch.dtype]:
+    return st.sampled_from((dtype, *FLOATS))
+
+
+@functools.cache
+def _fp32_or(dtype: torch.dtype) -> st.SearchStrategy[torch.dtype]:
+    return st.sampled_from((torch.float32, dtype))
+
+
+_FLOAT_DTYPES = st.sampled_from(FLOATS)
+_INDEX_DTYPES = st.sampled_from(INDEX_DTYPES)
+_FLAGS = st.booleans()
+_STRIDED = st.just(True)
+_UNPADDED = st.just(0)
+_LOWER_BOUNDS = st.one_of(st.none(), st.none(), st.sampled_from((-5.0, -1.0, -0.1, -20.0)),
+                          st.floats(-30.0, -1e-3))
+_SCALES = st.one_of(st.none(), st.sampled_from((1.0, 0.0, -1.0)),
+                    st.floats(-4.0, 4.0, allow_subnormal=False))
 _PADDING = st.sampled_from(("none", "some", "first", "last") * 3 + ("all",))
 _PAD_VALUE = st.sampled_from(("-1", "any", "min"))
 _SEED = st.integers(0, 2**32 - 1)
@@ -336,10 +374,10 @@ def layouts(draw: Callable, variant: str, budget: int = DEFAULT_BUDGET,
     max_hv = max(1, min(64, budget // per_head, max_bhv or 64))
     if "HV" in pz:
         HV = draw(pz["HV"])
-        H = pick("H", st.sampled_from([d for d in range(1, min(8, HV) + 1) if HV % d == 0]))
+        H = pick("H", _divisors(HV))
     else:
-        H = pick("H", st.integers(1, min(8, max_hv)))
-        HV = H * draw(st.integers(1, max(1, min(8, max_hv // H))))
+        H = pick("H", _ints(1, min(8, max_hv)))
+        HV = H * draw(_ints(1, max(1, min(8, max_hv // H))))
     if min(H, HV, K, V) < 1 or HV % H or (variant == "helion"
                                           and not (_is_pow2(K) and _is_pow2(V))):
         reject()  # a user's strategy drew sizes no valid layout has
@@ -356,27 +394,26 @@ def layouts(draw: Callable, variant: str, budget: int = DEFAULT_BUDGET,
             reject()  # a pinned B larger than the pinned pool
         B, tail = slots, 0
     max_spare = max(0, min(max_spare, 2 * budget // (HV * per_head) - B))
-    qkv_dtype = pick("qkv_dtype", st.sampled_from(FLOATS))
-    same_or = st.sampled_from((qkv_dtype, *FLOATS))
+    qkv_dtype = pick("qkv_dtype", _FLOAT_DTYPES)
+    same_or = _same_or_any(qkv_dtype)
     if slots is not None:
         spare = slots - B - tail
     else:
-        spare = pick("spare_slots", st.one_of(st.integers(0, min(3, max_spare)),
-                                              st.integers(0, max_spare)))
-    strided = pick("strides", st.just(True))
+        spare = pick("spare_slots", _spare(max_spare))
+    strided = pick("strides", _STRIDED)
 
     def pad(name: str, hi: int) -> int:
-        return pick(name, _small_or(hi) if strided else st.just(0))
+        return pick(name, _small_or(hi) if strided else _UNPADDED)
 
     return KdaLayout(
         B=B + tail, H=H, HV=HV, K=K, V=V, tail_padding=tail,
         spare_slots=spare,
         qkv_dtype=qkv_dtype,
         ab_dtype=pick("ab_dtype", same_or),
-        param_dtype=pick("param_dtype", st.sampled_from((torch.float32, qkv_dtype))),
+        param_dtype=pick("param_dtype", _fp32_or(qkv_dtype)),
         out_dtype=pick("out_dtype", same_or),
-        state_dtype=pick("state_dtype", st.sampled_from(FLOATS)),
-        idx_dtype=pick("idx_dtype", st.sampled_from(INDEX_DTYPES)),
+        state_dtype=pick("state_dtype", _FLOAT_DTYPES),
+        idx_dtype=pick("idx_dtype", _INDEX_DTYPES),
         padding=pick("padding", _PADDING),
         pad_value=pick("pad_value", _PAD_VALUE),
         qkv_row_pad=pad("qkv_row_pad", 64),
@@ -384,12 +421,9 @@ def layouts(draw: Callable, variant: str, budget: int = DEFAULT_BUDGET,
         b_row_pad=pad("b_row_pad", 8),
         slot_pad=pad("slot_pad", 64),
         guard=pad("guard", 16),
-        use_qk_l2norm_in_kernel=pick("use_qk_l2norm_in_kernel", st.booleans()),
-        lower_bound=pick("lower_bound", st.one_of(st.none(), st.none(),
-                                                  st.sampled_from((-5.0, -1.0, -0.1, -20.0)),
-                                                  st.floats(-30.0, -1e-3))),
-        scale=pick("scale", st.one_of(st.none(), st.sampled_from((1.0, 0.0, -1.0)),
-                                      st.floats(-4.0, 4.0, allow_subnormal=False))),
+        use_qk_l2norm_in_kernel=pick("use_qk_l2norm_in_kernel", _FLAGS),
+        lower_bound=pick("lower_bound", _LOWER_BOUNDS),
+        scale=pick("scale", _SCALES),
         values=pick("values", values()),
         seed=draw(_SEED),
     )

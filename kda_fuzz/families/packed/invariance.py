@@ -70,7 +70,7 @@ def sub_batches(case: Case) -> list[tuple[str, Case, list[int]]]:
     row or a single row."""
     idx = case.tensors["ssm_state_indices"].view().to(torch.long).cpu()
     B = idx.shape[0] if idx.dim() == 1 else 0
-    live = [b for b in range(B) if int(idx[b]) >= 0]
+    live = (idx >= 0).nonzero().flatten().tolist() if B else []
     if not live or B < 2:
         return []
     notes = {k: v for k, v in case.notes.items() if k not in ("rows", "live_rows", "tail_rows")}
@@ -93,11 +93,11 @@ def differs(case: Case, full: dict[str, Any], sub_case: Case, sub: dict[str, Any
     pairs = [(j, r) for j, r in enumerate(rows) if r >= 0]
     if not pairs:
         return None
-    idx = case.tensors["ssm_state_indices"].view().to(torch.long).cpu()
+    idx = case.tensors["ssm_state_indices"].view().to(torch.long).cpu().tolist()
     js, rs = [j for j, _ in pairs], [r for _, r in pairs]
     found = _unequal_rows(_rows_of(full["out"], rs), _rows_of(sub["out"], js))
     out_rows = [js[i] for i in found]
-    slots = [(j, r, int(idx[r])) for j, r in pairs if int(idx[r]) >= 0]
+    slots = [(j, r, idx[r]) for j, r in pairs if idx[r] >= 0]
     state_rows: list[int] = []
     if slots:
         at = torch.tensor([s for _, _, s in slots]).to(full["initial_state"].device)
@@ -108,7 +108,7 @@ def differs(case: Case, full: dict[str, Any], sub_case: Case, sub: dict[str, Any
         if j in out_rows:
             return f"`out` row {r} (row {j} of the sub-batch): " \
                 f"{_first(full['out'][r], sub['out'][j])}"
-        slot = int(idx[r])
+        slot = idx[r]
         return f"state slot {slot} of row {r} (row {j} of the sub-batch): " \
             f"{_first(full['initial_state'][slot], sub['initial_state'][slot])}"
     return None
