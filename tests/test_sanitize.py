@@ -314,6 +314,7 @@ def test_a_slow_start_up_leaves_samples_not_run_and_the_campaign_ends_in_time(
         fake_tool: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import time
 
+    from kda_fuzz.campaign.runner import SANITIZE_BACKLOG
     from kda_fuzz.campaign.sanitizing import sanitizer_note
 
     monkeypatch.setenv("FAKE_SANITIZER_STARTUP", "120")
@@ -325,6 +326,8 @@ def test_a_slow_start_up_leaves_samples_not_run_and_the_campaign_ends_in_time(
     report = Campaign(KDA, "triton", [load_target(REFERENCE)], options=options).run()
     assert time.monotonic() - t < 4.0 + 2.0
     assert report.sanitize_sampled > 0
+    # samples that could only wait are not taken: at most the backlog waits, unrun
+    assert report.sanitize_sampled <= SANITIZE_BACKLOG < report.valid_cases
     assert report.sanitized == 0 and report.sanitize_failed == 0
     assert report.to_json()["sanitizer"]["not_run"] == report.sanitize_sampled
     note = sanitizer_note(report, "memcheck", 1)
@@ -355,3 +358,19 @@ def test_a_sanitizer_finding_is_minimized_under_the_tool(fake_tool: Path) -> Non
     assert f.case.tensors["ssm_state_indices"].shape[0] == 3  # the smallest that reads past
     assert f.verdict.kind == "sanitizer"
     assert f.verdict.extra["sanitizer"]["errors"][0]["tensor"] == "ssm_state_indices"
+
+
+def test_the_dispatcher_runs_a_signature_it_has_compiled_first() -> None:
+    """Under the tool a compile is many times slower than a run: of the samples waiting,
+    the oldest of a signature already run goes first, else the oldest."""
+    import collections
+
+    from kda_fuzz.workers.sanitize import _Dispatcher
+
+    d = object.__new__(_Dispatcher)
+    d.queue = collections.deque([("j0", 1, "t", b"", "new"), ("j1", 2, "t", b"", "seen"),
+                                 ("j0", 3, "u", b"", "seen"), ("j1", 4, "t", b"", "seen")])
+    d.compiled = {("t", "seen")}
+    assert [d._next()[1] for _ in range(4)] == [2, 4, 1, 3]
+    assert d._next() is None
+

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from kda_fuzz.campaign.minimize import Cut
-from kda_fuzz.engine.case import Case
+from kda_fuzz.engine.case import Case, signature
 from kda_fuzz.workers import sanitize as sanitizer
 
 MAX_CASE_BYTES = sanitizer.MAX_CASE_BYTES
@@ -109,6 +109,11 @@ class SanitizerClient:
         """Connect (starting the dispatcher if none listens yet) in the background."""
         self._thread.start()
 
+    def backlog(self) -> int:
+        """Samples sent and not reported on yet."""
+        with self._lock:
+            return len(self._open)
+
     def submit(self, sample: Sample) -> None:
         """Send ``sample`` to be sanitized."""
         with self._lock:
@@ -178,7 +183,8 @@ class SanitizerClient:
             with self._lock:
                 out, self._outbox = self._outbox, []
             for s in out:
-                sanitizer.send(conn, sanitizer.Submit(s.key, s.target, pickle.dumps(s.case)))
+                sanitizer.send(conn, sanitizer.Submit(s.key, s.target, pickle.dumps(s.case),
+                                                      signature(s.case)))
             while conn.poll(0.02):
                 self._handle(sanitizer.recv(conn))
             if self.deadline is not None and time.monotonic() > self.deadline + 1.0:

@@ -183,6 +183,14 @@ def guarded_arg(shape: Sequence[int], dtype: torch.dtype, values: torch.Tensor |
     return arg
 
 
+def signature(case: Case) -> str:
+    """What a kernel specializes on in ``case``, as a short key: each tensor's shape,
+    strides, offset and dtype, and the scalars (cases of one key compile once)."""
+    what = (sorted(case.scalars.items()),
+            [(n, t.shape, t.stride, t.offset, str(t.dtype)) for n, t in case.tensors.items()])
+    return hashlib.sha1(repr(what).encode()).hexdigest()[:16]
+
+
 def same_signature(a: Case, b: Case) -> bool:
     """Whether two cases' arguments agree in everything a kernel specializes on (each
     tensor's shape, strides, offset and dtype; the scalars), values and buffers aside."""

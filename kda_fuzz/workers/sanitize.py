@@ -265,11 +265,13 @@ class Hello:
 @dataclass(frozen=True)
 class Submit:
     """A job to its dispatcher: sanitize ``case`` (a pickled CPU :class:`Case`) on
-    ``target``; ``key`` is the job's name for it (a key given twice is run once)."""
+    ``target``; ``key`` is the job's name for it (a key given twice is run once);
+    ``signature``: what the kernel specializes on (``engine.case.signature``)."""
 
     key: Any
     target: str
     case: bytes
+    signature: str = ""
 
 
 @dataclass(frozen=True)
@@ -699,7 +701,8 @@ class _Dispatcher:
         self.tool = tool
         self.worker = SanitizedWorker(exe, tool, device, targets)
         self.lock = threading.Condition()
-        self.queue: collections.deque[tuple[str, Any, str, bytes]] = collections.deque()
+        self.queue: collections.deque[tuple[str, Any, str, bytes, str]] = collections.deque()
+        self.compiled: set[tuple[str, str]] = set()  # (target, signature) run already
         self.clients: dict[str, Connection] = {}
         self.pending: dict[str, list[Any]] = {}
         self.keys: dict[tuple[str, Any], Result | None] = {}  # None: queued
@@ -730,7 +733,7 @@ class _Dispatcher:
                 with self.lock:
                     if not self.queue:
                         self.lock.wait(0.1)
-                    item = self.queue.popleft() if self.queue else None
+                    item = self._next()
                 try:
                     if item is None:
                         if self.unavailable is None:
@@ -754,6 +757,7 @@ class _Dispatcher:
                 if report is None:
                     break  # past the deadline: the rest is not run
                 failures = 0
+                self.compiled.add((item[2], item[4]))
                 self.ids[self.worker.last_id] = (item[0], item[1])
                 self._deliver(item[0], Result(item[1], report))
                 for cid, err in self.worker.take_late():
@@ -767,6 +771,18 @@ class _Dispatcher:
         finally:
             self.worker.kill()
             self.listener.close()
+
+    def _next(self) -> tuple[str, Any, str, bytes, str] | None:
+        """The next sample to run (under the lock): the oldest of a signature the worker
+        has run already (nothing to compile under the tool, which makes a compile many
+        times slower), else the oldest; each job's samples in the order it sent them."""
+        if not self.queue:
+            return None
+        for i, item in enumerate(self.queue):
+            if item[4] and (item[2], item[4]) in self.compiled:
+                del self.queue[i]
+                return item
+        return self.queue.popleft()
 
     def _timeout(self) -> float:
         if self.deadline is None:
@@ -826,7 +842,8 @@ class _Dispatcher:
                         k = (name, msg.key)
                         if k not in self.keys:
                             self.keys[k] = None
-                            self.queue.append((name, msg.key, msg.target, msg.case))
+                            self.queue.append((name, msg.key, msg.target, msg.case,
+                                               msg.signature))
                             self.lock.notify_all()
                         elif self.keys[k] is not None:
                             self._send(name, conn, self.keys[k])
