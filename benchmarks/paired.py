@@ -15,7 +15,9 @@ command is ``python -m kda_fuzz fuzz --device D --jobs auto --max-seconds S
 --valid-share 1 --max-examples 10**7 --seed 1 --no-save --json`` plus ``--args``: the
 default mode of ``benchmarks/gpu_throughput.py`` (``--args`` defaults to ``--contract
 helion``: this repository configures both variants). Rates are over each command's wall time
-(start-up, compiles and the wrap-up included). Prints every run, then per round the ratio
+(start-up, compiles and the wrap-up included); on cuda each run starts once no process of
+the one before holds the GPU (up to a minute: a killed job's context takes a while to
+go). Prints every run, then per round the ratio
 this / baseline of examples/s and of verified rows/s, and their median and range.
 """
 
@@ -78,6 +80,33 @@ def run(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
             "summary": s}
 
 
+def _leftovers() -> tuple[int, int]:
+    """Processes (other than this one) holding the GPU, and the MiB they hold
+    (``nvidia-smi``; (0, 0) where there is none)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
+                              "--format=csv,noheader,nounits"], capture_output=True,
+                             text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0, 0
+    rows = [r.split(",") for r in out.strip().splitlines() if r.strip()]
+    rows = [r for r in rows if r[0].strip() != str(os.getpid())]
+    return len(rows), sum(int(r[1]) for r in rows if len(r) > 1 and r[1].strip().isdigit())
+
+
+def settle(limit: float = 60.0) -> str:
+    """Wait (up to ``limit`` seconds) until no process of an earlier run holds the GPU, so
+    that a run's exiting jobs do not slow the next; what was waited for, in words."""
+    t0 = time.monotonic()
+    first = _leftovers()
+    while _leftovers()[0] and time.monotonic() - t0 < limit:
+        time.sleep(0.5)
+    left = _leftovers()
+    return (f"waited {time.monotonic() - t0:.1f} s for {first[0]} process(es) holding "
+            f"{first[1]:,} MiB" + (f"; still {left[0]} ({left[1]:,} MiB)" if left[0] else "")
+            if first[0] else "GPU free")
+
+
 def _spread(xs: list[float]) -> str:
     if not xs:
         return "-"
@@ -111,12 +140,15 @@ def main() -> None:
         for r in range(args.rounds):
             order = ["baseline", "this"] if r % 2 == 0 else ["this", "baseline"]
             for name in order:
+                before = settle() if args.device.startswith("cuda") else ""
                 got = run(trees[name], args)
                 results[name].append(got)
                 print(f"{r + 1:5d} {name:9} {got['wall']:7.1f} {got['examples']:9d} "
                       f"{got['examples'] / got['wall']:8.1f} {got['rows'] / got['wall']:11,.0f} "
                       f"{got['startup']:10.1f} {got['compiling']:11.1f} "
                       f"{got['job_seconds']:6.0f} {got['failures']}", flush=True)
+                if before:
+                    print(f"      before it: {before}")
                 print("      strata (rows, job-s): " + ", ".join(
                     f"{k} {n:,} rows {sec:.0f} s" for k, (n, sec) in got["strata"].items()))
                 if args.keep:

@@ -213,10 +213,11 @@ def _fuzz_parser(sub: Any, knobs: Sequence[Any] | None = None) -> None:
                    help="hold targets to the hardened contract: degenerate layouts that the "
                         "documented checks let through (holes: HV = 0, V = 0) must raise too")
     t.add_argument("--invariance", choices=("tolerance", "bitwise", "off"), default="tolerance",
-                   help="batch invariance: one valid example in 16 re-runs its rows in other "
-                        "batches of the same shapes (kda, gdn: a row among padding rows, the "
-                        "rows reversed), each judged against the reference (tolerance, the "
-                        "default); bitwise: a batch of one row too, and all must equal the "
+                   help="batch invariance: one valid example in 16 re-runs its rows in "
+                        "another batch of the same shapes (kda, gdn: a row among padding "
+                        "rows, or the rows reversed, in turn), judged against the reference "
+                        "(tolerance, the default); bitwise: all of them and a batch of one "
+                        "row too, each of which must equal the "
                         "whole batch's rows bit for bit (what deterministic serving asks; the "
                         "contract does not)")
     c = f.add_argument_group("campaign")
@@ -841,7 +842,7 @@ def _wrap_up(run: _Run, report: Any, new: list[Any]) -> int:
             "case(s) re-run in other batches" + (
                 ", judged like any case and compared bit for bit with the whole batch's rows"
                 if o.invariance == "bitwise" else
-                " of the same shapes (no compile), judged like any case"))
+                " of the same shapes (one each, in turn; no compile), judged like any case"))
     if o.kernel_configs:
         skipped = sum(report.config_skips.values())
         report.notes.append(

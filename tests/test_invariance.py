@@ -109,7 +109,9 @@ def test_a_batch_variant_kernel_is_found_bitwise_and_replays(tmp_path: Path):
 
 def test_the_default_runs_only_sub_batches_of_the_cases_own_shapes(monkeypatch):
     """Under tolerance every sub-batch judged has the whole batch's signature (a kernel
-    specialized on shapes compiles nothing for it); bitwise adds the batch of one."""
+    specialized on shapes compiles nothing for it), one per check, the padded and the
+    reversed one in turn (each costs a whole batch's device time); bitwise runs them all
+    and adds the batch of one."""
     from kda_fuzz.campaign.runner import Campaign
 
     judged: list[tuple[Case, Case]] = []  # (the whole batch, a sub-batch judged)
@@ -139,6 +141,12 @@ def test_the_default_runs_only_sub_batches_of_the_cases_own_shapes(monkeypatch):
         same = [same_signature(whole, sub) for whole, sub in judged]
         if mode == "tolerance":
             assert judged and all(same)
+            wholes = [id(whole) for whole, _ in judged]
+            assert len(wholes) == len(set(wholes)) <= rep.batch_checks  # one per check at most
+            padded = [bool((sub.tensors["ssm_state_indices"].view() < 0).sum()
+                           > (whole.tensors["ssm_state_indices"].view() < 0).sum())
+                      for whole, sub in judged]
+            assert any(padded) and not all(padded)  # both kinds, in turn
         else:  # the batch of one, of another shape, among them
             assert not all(same) and any(sub.tensors["mixed_qkv"].shape[0] == 1
                                          for _, sub in judged)

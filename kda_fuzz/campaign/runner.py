@@ -416,12 +416,15 @@ class Campaign:
     def _batch_invariance(self, pos: Position, case: Case) -> None:
         """Re-run the case's rows in the family's sub-batches on each target: each judged
         as a case of its own, and under ``bitwise`` compared with the whole batch's rows.
-        Under ``tolerance`` only the sub-batches of the case's own signature run (no
-        compile: a batch of another size is a draw of its own)."""
+        Under ``tolerance`` one sub-batch of the case's own signature runs, each check
+        the next one in turn (no compile: a batch of another size is a draw of its own;
+        each re-run is a whole batch's device time, and a GPU campaign is bound by it)."""
         assert self.contract.batch is not None
         self.report.batch_checks += 1
         subs = [sub for _, sub, _ in self.contract.batch.sub_batches(case)
                 if self.options.invariance == "bitwise" or same_signature(case, sub)]
+        if self.options.invariance != "bitwise" and subs:
+            subs = [subs[self.report.batch_checks % len(subs)]]
         for index, target in enumerate(self.targets[:len(self.targets) - len(self.peers)]):
             for sub in subs:
                 outcome = self._judge(pos, index, sub, target)

@@ -91,9 +91,10 @@ class BatchInvariance:
     ``members[j]``, or none of the case's where it is -1), ``differs(case, full, sub_case,
     sub, members)`` where the outputs (the call's arguments after it) of the two differ
     bitwise, in words (None: nowhere); ``unit`` names a member in the verdict's words (e.g.
-    ``"rows"``). Under the default ``--invariance tolerance`` only the sub-cases whose
-    tensors keep the case's shapes, strides and dtypes run (``same_signature``: a kernel
-    specialized on shapes compiles nothing for them); ``bitwise`` runs them all."""
+    ``"rows"``). Under the default ``--invariance tolerance`` one of the sub-cases whose
+    tensors keep the case's shapes, strides and dtypes runs, each check the next in turn
+    (``same_signature``: a kernel specialized on shapes compiles nothing for them);
+    ``bitwise`` runs them all."""
 
     sub_batches: Callable[[Case], list[tuple[str, Case, list[int]]]]
     differs: Callable[[Case, dict[str, Any], Case, dict[str, Any], list[int]], str | None]
