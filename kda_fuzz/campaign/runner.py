@@ -55,7 +55,6 @@ __all__ = ["Arm", "Campaign", "CampaignOptions", "Failure", "Recorder", "Report"
            "fingerprint", "load_target", "minimizable", "plan"]
 
 
-
 # A position in a campaign: (round, arm within the job, example within the arm's run).
 # Positions grow in the order examples run, and a campaign run again from the same plan
 # and seed draws the same case at the same position (the layouts are built from seeded
