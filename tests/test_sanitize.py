@@ -314,8 +314,7 @@ def test_a_slow_start_up_leaves_samples_not_run_and_the_campaign_ends_in_time(
         fake_tool: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import time
 
-    from kda_fuzz.campaign.runner import SANITIZE_BACKLOG
-    from kda_fuzz.campaign.sanitizing import sanitizer_note
+    from kda_fuzz.campaign.sanitizing import SANITIZE_BACKLOG, sanitizer_note
 
     monkeypatch.setenv("FAKE_SANITIZER_STARTUP", "120")
     monkeypatch.setenv("FAKE_SANITIZER_STARTS", str(tmp_path / "starts"))

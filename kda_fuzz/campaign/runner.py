@@ -103,7 +103,6 @@ class Recorder:
         """The examples before ``position`` are done."""
 
 
-SANITIZE_BACKLOG = 2  # a job's samples waiting for the sanitizer at most
 _LEAD = st.integers(0, 255)  # the first draw of a costly arm's example (Campaign._body_drawn)
 
 
@@ -471,14 +470,14 @@ class Campaign:
 
     def _sanitize_turn(self, pos: Position, first: Outcome, case: Case) -> bool:
         """Whether this passing example is also replayed under compute-sanitizer: one in
-        ``sanitize_every``, while fewer than ``SANITIZE_BACKLOG`` of this job's samples
-        wait for the tool (a case takes it seconds: more would only wait, unrun, and cost
-        the job their copies)."""
+        ``sanitize_every``, while fewer than ``sanitizing.SANITIZE_BACKLOG`` of this job's
+        samples wait for the tool (a case takes it seconds: more would only wait, unrun,
+        and cost the job their copies)."""
         o = self.options
         return (o.sanitize is not None and first.expectation.ok and self._stratum != "scale"
                 and zlib.crc32(f"sanitize:{o.seed}:{pos}".encode()) % max(1, o.sanitize_every)
                 == 0 and (self._sanitizer is None
-                          or self._sanitizer.backlog() < SANITIZE_BACKLOG)
+                          or self._sanitizer.backlog() < sanitizing.SANITIZE_BACKLOG)
                 and sum(t.footprint() * t.base.element_size()
                         for t in case.tensors.values()) <= sanitizing.MAX_CASE_BYTES)
 

@@ -38,6 +38,7 @@ from kda_fuzz.engine.case import Case, signature
 from kda_fuzz.workers import sanitize as sanitizer
 
 MAX_CASE_BYTES = sanitizer.MAX_CASE_BYTES
+SANITIZE_BACKLOG = 2  # a job's samples waiting for the tool at most (more would only wait)
 SPAWN_WAIT = 60.0  # seconds a job waits for a dispatcher to listen before it gives up
 
 
@@ -283,7 +284,8 @@ def sanitizer_note(report: Any, tool: str, every: int) -> str:
     causes = "; ".join(f"{n} x {c}" for c, n in report.sanitize_causes.most_common(3))
     return (f"sanitizer ({tool}): {report.sanitize_sampled} sample(s) of "
             f"{report.valid_cases} valid case(s) (1 in {every} passing, up to "
-            f"{MAX_CASE_BYTES >> 20} MiB of tensors): {run} run{per}, "
+            f"{MAX_CASE_BYTES >> 20} MiB of tensors, while fewer than {SANITIZE_BACKLOG} "
+            f"of a job's wait for the tool): {run} run{per}, "
             f"{report.sanitize_found} with errors (findings), {unrun} not run (time ran out "
             f"or the campaign stopped first), {failed} failed (not verdicts)"
             + (f": {causes}" if causes else ""))
