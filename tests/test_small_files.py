@@ -214,3 +214,31 @@ def test_a_cut_minimization_keeps_the_steps_it_made() -> None:
     assert len(failure.case.notes["minimized"]) == 2
     assert corpus.encoded_size(failure.case) < corpus.encoded_size(case)
     assert run_case(KDA, failure.case, planted.writes_unnamed_slot).status == "fail"
+
+
+def test_a_finding_minimization_could_not_shrink_is_saved_small_once_a_run_confirms_it(
+        tmp_path: Path) -> None:
+    """A finding whose verdict names elements, still over 1 MiB after its minimization
+    (here given no time at all), is saved with its float values from recipes when one run
+    of that case fails the same way; the file replays failing."""
+    from dataclasses import replace
+
+    from kda_fuzz.campaign.findings import FindingSaver
+    from kda_fuzz.campaign.spec import CampaignSpec
+    from kda_fuzz.engine.targets import Target
+
+    p = KdaLayout(B=64, H=2, HV=8, K=100, V=48, spare_slots=7, qkv_row_pad=3, slot_pad=5,
+                  guard=2, seed=3)
+    case = build(p, "triton")
+    assert corpus.encoded_size(case) > MiB
+    outcome = run_case(KDA, case, planted.writes_unnamed_slot)
+    failure = Failure(case, outcome.verdict, "tests.planted:writes_unnamed_slot")
+    spec = CampaignSpec.of(KDA, "triton", [], corpus=str(tmp_path), seed=1)
+    spec = replace(spec, budget=replace(spec.budget, shrink_seconds=0.0))
+    FindingSaver(spec).found_inline(
+        failure, Target("tests.planted:writes_unnamed_slot", planted.writes_unnamed_slot))
+    path = Path(failure.saved)
+    assert path.stat().st_size < MiB, path.stat().st_size
+    assert "regenerated from recipes" in failure.note and "failed the same way" in failure.note
+    assert failure.verdict.what == outcome.verdict.what
+    assert _replays(path, planted.writes_unnamed_slot) == ("fail", "pass")

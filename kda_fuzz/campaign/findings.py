@@ -21,6 +21,7 @@ from kda_fuzz.campaign.minimize import (
     NO_ELEMENT_KINDS,
     Cut,
     candidate_timeout,
+    compacted,
     minimize_failure,
     minimized_detail,
     values_from_recipes,
@@ -35,6 +36,9 @@ from kda_fuzz.workers.deadline import PastDeadline
 from kda_fuzz.workers.isolate import IsolatedTarget
 
 SAVE_MARGIN = 1.0  # seconds before the deadline at which minimization stops
+# the most of a minimization's time, when the deadline shortens it, kept for one run of
+# the case with its values from recipes (``_compact_checked``)
+COMPACT_MARGIN = 2.0
 
 
 class _Cut(Cut):
@@ -254,7 +258,9 @@ class FindingSaver:
             return
         seconds = self.shrink_seconds
         if self._settle_at is not None:
-            seconds = min(seconds, self._settle_at - time.monotonic())
+            left = self._settle_at - time.monotonic()
+            if left < seconds + COMPACT_MARGIN:  # the deadline decides: keep a margin
+                seconds = max(0.0, left - min(COMPACT_MARGIN, 0.2 * left))
         end = time.monotonic() + seconds
         # a hang minimized under its calibrated limit is kept only when proven past the ceiling
         shorter = candidate_timeout(f.verdict, self.timeout) < self.timeout
@@ -274,6 +280,29 @@ class FindingSaver:
         elif seconds < self.shrink_seconds and time.monotonic() >= end:
             f.add_note(
                 "partly minimized: minimization cut short by the --max-seconds deadline")
+        self._compact_checked(f, run)
+
+    def _compact_checked(self, f: Failure, run: Callable[[Any], Outcome]) -> None:
+        """A finding whose verdict names elements, still over the file goal after its
+        minimization: its float values regenerated from recipes when one run of that
+        case fails the same way (else it is saved as it stands)."""
+        if f.verdict.kind in NO_ELEMENT_KINDS or self.stopped is not None:
+            return
+        try:
+            got = compacted(f.case, f.verdict, run)
+        except _Cut:
+            return
+        except Exception as e:  # the machinery's own: the finding is saved as it is
+            f.add_note(f"values not regenerated: {type(e).__name__}: {e}")
+            return
+        if got is None:
+            return
+        if f.original is None:
+            f.original = f.case
+        f.case, f.verdict = got
+        f.add_note("float values regenerated from recipes ("
+                   + ", ".join(f.case.notes["values_regenerated"])
+                   + "): the case was still over 1 MiB, and one run of it failed the same way")
 
     def _sanitized(self, f: Failure) -> None:
         """When there is time left: a ``sanitizer`` finding minimized under its tool (its

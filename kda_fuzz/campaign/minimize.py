@@ -554,6 +554,25 @@ SMALL_FILE_BYTES = 1 << 20  # the goal for every saved file
 NO_ELEMENT_KINDS = ("crash", "timeout", "sanitizer")  # verdicts that name no element
 
 
+def compacted(case: Case, verdict: Verdict, run: Callable[[Case], Outcome]
+              ) -> tuple[Case, Verdict] | None:
+    """For a finding whose verdict names elements, still over the file goal after its
+    minimization: ``case`` with its bulky float values regenerated from recipes
+    (:func:`values_from_recipes`) and the verdict on it, when one ``run`` of it fails the
+    same way; None otherwise (a :class:`Cut` from ``run`` passes through)."""
+    small = values_from_recipes(case, limit=SMALL_FILE_BYTES)
+    if small is None:
+        return None
+    try:
+        outcome = run(small)
+    except Exception:  # a candidate the oracle cannot handle is just not kept
+        return None
+    if outcome.status == "fail" and _same(verdict, outcome.verdict):
+        assert outcome.verdict is not None
+        return small, outcome.verdict
+    return None
+
+
 def values_from_recipes(case: Case, limit: int = SMALL_FILE_BYTES // 2) -> Case | None:
     """``case`` with every bulky float tensor's values regenerated whole from a grid recipe
     (its non-finite elements kept bit for bit), when its tensors would take more than
