@@ -369,7 +369,11 @@ def test_the_dispatcher_runs_a_signature_it_has_compiled_first() -> None:
     d = object.__new__(_Dispatcher)
     d.queue = collections.deque([("j0", 1, "t", b"", "new"), ("j1", 2, "t", b"", "seen"),
                                  ("j0", 3, "u", b"", "seen"), ("j1", 4, "t", b"", "seen")])
-    d.compiled = {("t", "seen")}
+    d.compiled, d.passed_over = {("t", "seen")}, 0
     assert [d._next()[1] for _ in range(4)] == [2, 4, 1, 3]
     assert d._next() is None
+    # a new signature waits behind at most PASSED_OVER samples of compiled ones
+    d.queue = collections.deque([("j0", 0, "t", b"", "new"),
+                                 *(("j1", k, "t", b"", "seen") for k in range(1, 6))])
+    assert [d._next()[1] for _ in range(6)] == [1, 2, 3, 0, 4, 5]
 

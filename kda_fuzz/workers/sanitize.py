@@ -692,6 +692,9 @@ def _alive(pid: int) -> bool:
     return True
 
 
+PASSED_OVER = 3  # samples of compiled signatures run, at most, before the oldest waiting
+
+
 class _Dispatcher:
     """Serves one :class:`SanitizedWorker` to the jobs that connect (see :func:`dispatch`)."""
 
@@ -703,6 +706,7 @@ class _Dispatcher:
         self.lock = threading.Condition()
         self.queue: collections.deque[tuple[str, Any, str, bytes, str]] = collections.deque()
         self.compiled: set[tuple[str, str]] = set()  # (target, signature) run already
+        self.passed_over = 0  # picks since the oldest sample was last taken
         self.clients: dict[str, Connection] = {}
         self.pending: dict[str, list[Any]] = {}
         self.keys: dict[tuple[str, Any], Result | None] = {}  # None: queued
@@ -775,13 +779,17 @@ class _Dispatcher:
     def _next(self) -> tuple[str, Any, str, bytes, str] | None:
         """The next sample to run (under the lock): the oldest of a signature the worker
         has run already (nothing to compile under the tool, which makes a compile many
-        times slower), else the oldest; each job's samples in the order it sent them."""
+        times slower), else the oldest; the oldest at the latest once it has been passed
+        over ``PASSED_OVER`` times (a new signature is not starved)."""
         if not self.queue:
             return None
-        for i, item in enumerate(self.queue):
-            if item[4] and (item[2], item[4]) in self.compiled:
-                del self.queue[i]
-                return item
+        if self.passed_over < PASSED_OVER:
+            for i, item in enumerate(self.queue):
+                if item[4] and (item[2], item[4]) in self.compiled:
+                    del self.queue[i]
+                    self.passed_over = self.passed_over + 1 if i else 0
+                    return item
+        self.passed_over = 0
         return self.queue.popleft()
 
     def _timeout(self) -> float:
