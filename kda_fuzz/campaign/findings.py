@@ -297,12 +297,9 @@ class FindingSaver:
             return
         if got is None:
             return
-        if f.original is None:
-            f.original = f.case
-        f.case, f.verdict = got
-        f.add_note("float values regenerated from recipes ("
-                   + ", ".join(f.case.notes["values_regenerated"])
-                   + "): the case was still over 1 MiB, and one run of it failed the same way")
+        _regenerated(f, got[0], "", "the case was still over 1 MiB, and one run of it "
+                     "failed the same way")
+        f.verdict = got[1]
 
     def _sanitized(self, f: Failure) -> None:
         """When there is time left: a ``sanitizer`` finding minimized under its tool (its
@@ -372,13 +369,17 @@ class FindingSaver:
             return
         if small is None:
             return
-        if f.original is None:
-            f.original = f.case
-        f.case = small
-        f.add_note(
-            "float values regenerated from recipes without a re-run ("
-            + ", ".join(small.notes["values_regenerated"])
-            + "): the verdict names no element and minimization did not shrink the case")
+        _regenerated(f, small, " without a re-run", "the verdict names no element and "
+                     "minimization did not shrink the case")
+
+
+def _regenerated(f: Failure, small: Any, how: str, why: str) -> None:
+    """``f``'s case replaced by ``small`` (its float values from recipes), noted."""
+    if f.original is None:
+        f.original = f.case
+    f.case = small
+    f.add_note(f"float values regenerated from recipes{how} ("
+               f"{', '.join(small.notes['values_regenerated'])}): {why}")
 
 
 def _wants_minimizing(f: Failure) -> bool:
