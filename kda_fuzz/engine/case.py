@@ -183,21 +183,22 @@ def guarded_arg(shape: Sequence[int], dtype: torch.dtype, values: torch.Tensor |
     return arg
 
 
+def _specialized(case: Case) -> tuple[Any, ...]:
+    """Everything of ``case`` a kernel specializes on: each tensor's shape, strides,
+    offset and dtype, and the scalars (values and buffers aside)."""
+    return (sorted(case.scalars.items()),
+            sorted((n, t.shape, t.stride, t.offset, str(t.dtype))
+                   for n, t in case.tensors.items()))
+
+
 def signature(case: Case) -> str:
-    """What a kernel specializes on in ``case``, as a short key: each tensor's shape,
-    strides, offset and dtype, and the scalars (cases of one key compile once)."""
-    what = (sorted(case.scalars.items()),
-            [(n, t.shape, t.stride, t.offset, str(t.dtype)) for n, t in case.tensors.items()])
-    return hashlib.sha1(repr(what).encode()).hexdigest()[:16]
+    """:func:`_specialized` as a short key (cases of one key compile once)."""
+    return hashlib.sha1(repr(_specialized(case)).encode()).hexdigest()[:16]
 
 
 def same_signature(a: Case, b: Case) -> bool:
-    """Whether two cases' arguments agree in everything a kernel specializes on (each
-    tensor's shape, strides, offset and dtype; the scalars), values and buffers aside."""
-    return a.scalars == b.scalars and a.tensors.keys() == b.tensors.keys() and all(
-        (t.shape, t.stride, t.offset, t.dtype)
-        == (u.shape, u.stride, u.offset, u.dtype)
-        for t, u in ((a.tensors[n], b.tensors[n]) for n in a.tensors))
+    """Whether two cases' arguments agree in everything a kernel specializes on."""
+    return _specialized(a) == _specialized(b)
 
 
 @dataclass
