@@ -33,7 +33,7 @@ from multiprocessing.connection import Client, Connection
 from pathlib import Path
 from typing import Any
 
-from kda_fuzz.campaign.minimize import Cut
+from kda_fuzz.campaign.minimize import Cut, minimize_failure
 from kda_fuzz.engine.case import Case, signature
 from kda_fuzz.workers import sanitize as sanitizer
 
@@ -297,7 +297,6 @@ def minimize_finding(contract: Any, failure: Any, *, device: str, seconds: float
     valid layout) run under the finding's tool by one sanitized worker and kept when the
     tool reports the same error; the minimized case's report replaces the verdict's.
     Whether it got smaller. ``abort()``: stop now (the smallest case so far is kept)."""
-    from kda_fuzz.campaign.minimize import minimize_failure
     from kda_fuzz.engine.oracle import Outcome, expectation
 
     tool = failure.verdict.tool or "memcheck"
