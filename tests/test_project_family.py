@@ -233,8 +233,9 @@ def test_plain_fuzz_rule_and_its_usage_error(tmp_path: Path) -> None:
     assert "several families (axpy, kda)" in r.stderr and "--family axpy" in r.stderr
     assert 'family = "..."' in r.stderr
     proj = _project(tmp_path / "b", 'family = "axpy"\n' + both)
-    r = _kda_fuzz(proj, "fuzz", "--max-examples", "5", "--no-save", "--jobs", "1",
-                  "--no-isolate")
+    # a seed and room to draw n > 3: 5 unseeded examples missed the bug on CI
+    r = _kda_fuzz(proj, "fuzz", "--max-examples", "60", "--seed", "1", "--max-failures",
+                  "1", "--no-save", "--jobs", "1", "--no-isolate")
     assert r.returncode == 1 and "fuzzing axpy/plain" in r.stderr, r.stdout + r.stderr
 
 
