@@ -38,7 +38,7 @@ def batch_variant(*args):
 def test_sub_batches_keep_the_layout_and_name_the_rows():
     case = build(KdaLayout(B=5, H=1, HV=2, K=4, V=4, padding="first", qkv_row_pad=3, guard=2,
                            seed=3), "triton")
-    subs = sub_batches(case)
+    subs = list(sub_batches(case))
     assert [name for name, _, _ in subs] == ["alone", "padded", "reversed"]
     (_, alone, one), (_, padded, kept), (_, rev, rows) = subs
     assert len(one) == 1 and rows == [4, 3, 2, 1, 0]
@@ -130,10 +130,20 @@ def test_the_default_runs_only_sub_batches_of_the_cases_own_shapes(monkeypatch):
             judged.append((parent[-1], case))
         return judge(self, pos, index, case, *a, **k)
 
+    from kda_fuzz.families.packed import invariance
+
+    taken, take = [], invariance._take_rows  # the rows each sub-batch built copies
+
+    def spy_take(arg, rows):
+        taken.append(len(rows))
+        return take(arg, rows)
+
     monkeypatch.setattr(Campaign, "_batch_invariance", spy_check)
     monkeypatch.setattr(Campaign, "_judge", spy_judge)
+    monkeypatch.setattr(invariance, "_take_rows", spy_take)
     for mode in ("tolerance", "bitwise"):
         judged.clear()
+        taken.clear()
         rep = campaign(KDA, "triton", [Target("t", reference)], max_examples=10, seed=2,
                        valid_share=1.0, invariance=mode, invariance_every=1, max_failures=20,
                        minimize=False)
@@ -147,9 +157,42 @@ def test_the_default_runs_only_sub_batches_of_the_cases_own_shapes(monkeypatch):
                            > (whole.tensors["ssm_state_indices"].view() < 0).sum())
                       for whole, sub in judged]
             assert any(padded) and not all(padded)  # both kinds, in turn
+            # a reversed copy built is one judged (but the first check's, which learns
+            # how many kinds there are): none built only to be skipped
+            reversed_built = sum(n > 1 for n in taken) // len(invariance.ROWS)
+            assert reversed_built <= padded.count(False) + 1, (reversed_built, padded)
         else:  # the batch of one, of another shape, among them
             assert not all(same) and any(sub.tensors["mixed_qkv"].shape[0] == 1
                                          for _, sub in judged)
+
+
+def test_the_default_builds_no_sub_batch_past_the_one_it_runs():
+    """A family's sub-batches drawn lazily are built only as far as the one that runs:
+    the turn-th kept one (wrapping round when there are fewer), nothing after it."""
+    from kda_fuzz.campaign.runner import _turn
+
+    built: list[int] = []
+
+    def subs(n: int):
+        for i in range(n):
+            built.append(i)
+            yield i
+
+    keep = lambda i: i % 2 == 1  # noqa: E731 (the odd ones keep the signature)
+    assert _turn(subs(6), 0, keep) == ([1], 0) and built == [0, 1]
+    built.clear()
+    assert _turn(subs(6), 1, keep) == ([3], 0) and built == [0, 1, 2, 3]
+    built.clear()  # drawn to the end: 3 kept, 4 % 3 = 1, and the count told
+    assert _turn(subs(6), 4, keep) == ([3], 3) and built == list(range(6))
+    assert _turn(subs(1), 0, keep) == ([], 0) and _turn([], 3, keep) == ([], 0)
+    # KDA's: the padded one (second) is drawn without building the reversed copy (third)
+    case = build(KdaLayout(B=5, H=1, HV=2, K=4, V=4, padding="first", seed=3), "triton")
+    names = []
+    for name, sub, _ in sub_batches(case):
+        names.append(name)
+        if same_signature(case, sub):
+            break
+    assert names == ["alone", "padded"]
 
 
 def test_off_runs_no_sub_batch():

@@ -8,7 +8,7 @@ import contextlib
 import random
 import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -61,6 +61,21 @@ __all__ = ["Arm", "Campaign", "CampaignOptions", "Failure", "Recorder", "Report"
 # generators), which is what lets a supervised job resume after a crash.
 Position = tuple[int, int, int]
 END: Position = (1 << 62, 0, 0)
+
+
+def _turn(subs: Iterable[Case], turn: int, keep: Callable[[Case], bool]
+          ) -> tuple[list[Case], int]:
+    """The ``turn``-th (wrapping round) of the ``subs`` that ``keep`` accepts, as a list of
+    one (none: empty), and how many ``keep`` accepts where ``subs`` was drawn to its end (0:
+    it was not). ``subs`` is drawn from only as far as it takes: a family that yields its
+    sub-cases lazily builds none past the one that runs."""
+    kept: list[Case] = []
+    for sub in subs:
+        if keep(sub):
+            if len(kept) == turn:
+                return [sub], 0
+            kept.append(sub)
+    return ([kept[turn % len(kept)]] if kept else []), len(kept)
 
 
 class _Stopped(BaseException):
@@ -162,6 +177,7 @@ class Campaign:
         self._t0 = time.monotonic()
         self._nth = 0  # the number of the example being run (from 1)
         self._sanitizer: sanitizing.SanitizerClient | None = None  # with options.sanitize
+        self._sub_kinds = 0  # the most sub-batches of a case's signature seen (see _turn)
         self.steering = Steering(self.options.seed or 0,
                                  resume[1].get("steering") if resume is not None else None)
 
@@ -419,10 +435,13 @@ class Campaign:
         each re-run is a whole batch's device time, and a GPU campaign is bound by it)."""
         assert self.contract.batch is not None
         self.report.batch_checks += 1
-        subs = [sub for _, sub, _ in self.contract.batch.sub_batches(case)
-                if self.options.invariance == "bitwise" or same_signature(case, sub)]
-        if self.options.invariance != "bitwise" and subs:
-            subs = [subs[self.report.batch_checks % len(subs)]]
+        found = (sub for _, sub, _ in self.contract.batch.sub_batches(case))
+        if self.options.invariance == "bitwise":
+            subs = list(found)
+        else:
+            subs, kinds = _turn(found, self.report.batch_checks % (self._sub_kinds or 2**30),
+                                lambda sub: same_signature(case, sub))
+            self._sub_kinds = max(self._sub_kinds, kinds)
         for index, target in enumerate(self.targets[:len(self.targets) - len(self.peers)]):
             for sub in subs:
                 outcome = self._judge(pos, index, sub, target)

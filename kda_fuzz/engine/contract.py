@@ -86,8 +86,9 @@ class Unjudgeable(Exception):
 @dataclass(frozen=True)
 class BatchInvariance:
     """How a family re-runs a valid case's batch members in other batches (a member's
-    result must not depend on the rest of its batch): ``sub_batches(case)`` gives
-    ``(name, sub_case, members)`` (the sub-case's member ``j`` is the case's member
+    result must not depend on the rest of its batch): ``sub_batches(case)`` gives (a list,
+    or a generator that builds each when drawn: the campaign draws only as far as the one
+    it runs) ``(name, sub_case, members)`` (the sub-case's member ``j`` is the case's member
     ``members[j]``, or none of the case's where it is -1), ``differs(case, full, sub_case,
     sub, members)`` where the outputs (the call's arguments after it) of the two differ
     bitwise, in words (None: nowhere); ``unit`` names a member in the verdict's words (e.g.
@@ -96,7 +97,7 @@ class BatchInvariance:
     (``same_signature``: a kernel specialized on shapes compiles nothing for them);
     ``bitwise`` runs them all."""
 
-    sub_batches: Callable[[Case], list[tuple[str, Case, list[int]]]]
+    sub_batches: Callable[[Case], Iterable[tuple[str, Case, list[int]]]]
     differs: Callable[[Case, dict[str, Any], Case, dict[str, Any], list[int]], str | None]
     unit: str
 

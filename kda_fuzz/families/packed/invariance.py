@@ -12,6 +12,7 @@ bitwise: ``out`` row by row, and the state slot each live row names.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -64,26 +65,29 @@ def _padded(arg: TensorArg, keep: int) -> TensorArg:
     return out
 
 
-def sub_batches(case: Case) -> list[tuple[str, Case, list[int]]]:
-    """``(name, sub-case, rows)``: each sub-case's row ``j`` is the case's row ``rows[j]``
-    (-1: a padding row of the sub-case, none of the case's). Empty for a case with no live
-    row or a single row."""
+def sub_batches(case: Case) -> Iterator[tuple[str, Case, list[int]]]:
+    """``(name, sub-case, rows)``, each built when it is drawn (cheapest first): each
+    sub-case's row ``j`` is the case's row ``rows[j]`` (-1: a padding row of the sub-case,
+    none of the case's). None for a case with no live row or a single row."""
     idx = case.tensors["ssm_state_indices"].view().to(torch.long).cpu()
     B = idx.shape[0] if idx.dim() == 1 else 0
     live = (idx >= 0).nonzero().flatten().tolist() if B else []
     if not live or B < 2:
-        return []
+        return
     notes = {k: v for k, v in case.notes.items() if k not in ("rows", "live_rows", "tail_rows")}
-    out = []
-    for name, rows in (("alone", [live[0]]), ("reversed", list(range(B - 1, -1, -1)))):
+
+    def taken(rows: list[int]) -> Case:
         tensors = {n: (_take_rows(t, rows) if n in ROWS else t) for n, t in case.tensors.items()}
-        out.append((name, replace(case, tensors=tensors, notes=notes), rows))
+        return replace(case, tensors=tensors, notes=notes)
+
+    yield "alone", taken([live[0]]), [live[0]]
     if len(live) > 1:  # (a single live row: the case is its own padded sub-batch)
         tensors = {**case.tensors, "ssm_state_indices": _padded(
             case.tensors["ssm_state_indices"], live[0])}
-        out.insert(1, ("padded", replace(case, tensors=tensors, notes=notes),
-                       [b if b == live[0] else -1 for b in range(B)]))
-    return out
+        yield ("padded", replace(case, tensors=tensors, notes=notes),
+               [b if b == live[0] else -1 for b in range(B)])
+    rows = list(range(B - 1, -1, -1))
+    yield "reversed", taken(rows), rows
 
 
 def differs(case: Case, full: dict[str, Any], sub_case: Case, sub: dict[str, Any],
