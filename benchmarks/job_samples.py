@@ -1,0 +1,195 @@
+"""Where the jobs of a plain CLI campaign spend their wall time, old tree and new side by
+side, without cProfile's distortion (it slows Python-heavy compiles several times over).
+
+Each job process of ``kda-fuzz fuzz`` (the isolated default) samples its own Python stack
+every 5 ms of wall time (``SIGALRM``); the samples of all jobs are merged and printed as
+shares of the jobs' sampled time: inclusive for the frames that say what a job does
+(drawing, building, the target call, Helion's ``bind``, Triton's compile, judging), and
+the frames with the most self time. The trees (a copy of this one, and a baseline revision
+or exported tree) get one line patched in their job body (the ``rep = c.run()`` of the
+job process) and run alternately with :mod:`paired`'s command, as ``paired.py`` does.
+
+    python benchmarks/job_samples.py [--baseline REV | --baseline-dir DIR] [--rounds 1]
+                                     [--seconds 40] [--device cuda] [--jobs auto]
+                                     [--args '--contract helion'] [--top 25] [--keep DIR]
+
+A job killed at the deadline in the middle of an example writes no samples: the line per
+run says how many jobs did.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+EVERY = 0.005  # seconds of wall time between samples
+JOB_BODY = "            rep = c.run()\n"
+_self: collections.Counter[str] = collections.Counter()
+_incl: collections.Counter[str] = collections.Counter()
+_taken = [0, 0.0]  # samples, start
+
+# frames that say what a job is doing (inclusive shares): "file tail:function"
+PHASES = {
+    "draw (Hypothesis and the strategies)": ("control.py:prep_args_kwargs_from_strategies",),
+    "build a case": ("layouts.py:build", "kda_layouts.py:build", "scale.py:build_scale",
+                     "kda_scale.py:build_scale"),
+    "judge (oracle: target call, reference, checks)": ("oracle.py:run_case",),
+    "target call": ("kda_decode/helion_kernel.py:helion_fused_recurrent_kda_packed_decode",
+                    "kda_decode/triton_kernel.py:fused_recurrent_kda_packed_decode",
+                    "kda_decode/reference.py:reference_kda_packed_decode"),
+    "Helion bind (a new specialization)": ("runtime/kernel.py:bind",),
+    "Triton compile": ("runtime/jit.py:_do_compile",),
+    "compile subprocesses (ptxas, cc)": ("subprocess.py:_try_wait",),
+    "batch invariance": ("runner.py:_batch_invariance",),
+    "Hypothesis mutations": ("conjecture/engine.py:generate_mutations_from",),
+}
+
+
+def _key(code: Any) -> str:
+    return "/".join(code.co_filename.split("/")[-2:]) + ":" + code.co_name
+
+
+def _on_alarm(_sig: int, frame: Any) -> None:
+    _taken[0] += 1
+    if frame is None:
+        return
+    _self[_key(frame.f_code)] += 1
+    seen: set[str] = set()
+    while frame is not None:
+        k = _key(frame.f_code)
+        if k not in seen:
+            seen.add(k)
+            _incl[k] += 1
+        frame = frame.f_back
+
+
+def start() -> None:
+    """Sample this process's main thread from now on (called by the patched job body)."""
+    _taken[1] = time.monotonic()
+    signal.signal(signal.SIGALRM, _on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, EVERY, EVERY)
+
+
+def dump(path: str, examples: int) -> None:
+    """Stop sampling; write what was taken to ``path`` (JSON)."""
+    signal.setitimer(signal.ITIMER_REAL, 0, 0)
+    Path(path).write_text(json.dumps({
+        "samples": _taken[0], "seconds": time.monotonic() - _taken[1], "examples": examples,
+        "self": _self.most_common(500), "incl": _incl.most_common(3000)}))
+
+
+def patched_copy(tree: Path, into: Path) -> Path:
+    """A copy of ``tree`` whose job body samples itself into ``$KDA_FUZZ_SAMPLES``."""
+    out = into / tree.name
+    shutil.copytree(tree, out, ignore=shutil.ignore_patterns(
+        ".git", ".venv*", ".whl", ".tox", "__pycache__", ".hypothesis", "fuzz-out"))
+    bodies = [p for p in (out / "kda_fuzz").rglob("*.py") if JOB_BODY in p.read_text()]
+    if len(bodies) != 1:
+        raise SystemExit(f"{tree}: {len(bodies)} job bodies ({JOB_BODY.strip()!r}) found, "
+                         "expected one")
+    hook = ("            import os as _o, sys as _s\n"
+            "            _s.path.insert(0, _o.environ['KDA_FUZZ_SAMPLER'])\n"
+            "            import job_samples as _js\n"
+            "            _js.start()\n"
+            "            try:\n"
+            "                rep = c.run()\n"
+            "            finally:\n"
+            "                _js.dump(f\"{_o.environ['KDA_FUZZ_SAMPLES']}/job{job.index}-"
+            "{_o.getpid()}.json\", c.report.examples)\n")
+    bodies[0].write_text(bodies[0].read_text().replace(JOB_BODY, hook))
+    return out
+
+
+def merged(folder: Path) -> dict[str, Any]:
+    """The samples of every job that wrote them."""
+    s: collections.Counter[str] = collections.Counter()
+    i: collections.Counter[str] = collections.Counter()
+    out = {"jobs": 0, "samples": 0, "seconds": 0.0, "examples": 0}
+    for p in sorted(folder.glob("*.json")):
+        j = json.loads(p.read_text())
+        out["jobs"] += 1
+        for k in ("samples", "seconds", "examples"):
+            out[k] += j[k]
+        s.update(dict(j["self"]))
+        i.update(dict(j["incl"]))
+    return {**out, "self": s, "incl": i}
+
+
+def phases(m: dict[str, Any]) -> dict[str, float]:
+    """Inclusive share of the sampled time per phase."""
+    n = max(1, m["samples"])
+    return {name: sum(v for k, v in m["incl"].items() if k.endswith(keys)) / n
+            for name, keys in PHASES.items()}
+
+
+def main() -> None:
+    import paired  # (this script's folder is on sys.path)
+
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    base = ap.add_mutually_exclusive_group()
+    base.add_argument("--baseline", metavar="REV", help="a revision of this repository")
+    base.add_argument("--baseline-dir", metavar="DIR", help="an exported baseline tree")
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--seconds", type=float, default=40.0)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--jobs", default="auto")
+    ap.add_argument("--args", default="--contract helion")
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--keep", metavar="DIR", help="write each run's merged samples there")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        t = Path(tmp)
+        trees = {"this": patched_copy(paired.HERE, t / "this")}
+        if args.baseline or args.baseline_dir:
+            src = (Path(args.baseline_dir).resolve() if args.baseline_dir
+                   else paired.export(args.baseline, t / "export"))
+            trees = {"baseline": patched_copy(src, t / "baseline"), **trees}
+        os.environ["KDA_FUZZ_SAMPLER"] = str(Path(__file__).resolve().parent)
+        table: dict[str, list[dict[str, float]]] = {n: [] for n in trees}
+        for r in range(args.rounds):
+            names = list(trees) if r % 2 == 0 else list(trees)[::-1]
+            for name in names:
+                folder = t / f"samples-{r}-{name}"
+                folder.mkdir()
+                os.environ["KDA_FUZZ_SAMPLES"] = str(folder)
+                if args.device.startswith("cuda"):
+                    paired.settle()
+                got = paired.run(trees[name], args)
+                m = merged(folder)
+                share = phases(m)
+                table[name].append(share)
+                per = m["seconds"] / max(1, m["examples"]) * 1e3
+                print(f"round {r + 1} {name}: {got['examples']} examples in {got['wall']:.1f} s "
+                      f"wall; {m['jobs']} job(s) sampled: {m['examples']} examples in "
+                      f"{m['seconds']:.0f} job-s ({per:.1f} ms per example per job)")
+                for phase, x in share.items():
+                    print(f"   {x * 100:5.1f} %  {phase}")
+                print("   most self time:")
+                for k, v in m["self"].most_common(args.top):
+                    print(f"   {v / max(1, m['samples']) * 100:5.1f} %  {k}")
+                if args.keep:
+                    Path(args.keep).mkdir(parents=True, exist_ok=True)
+                    (Path(args.keep) / f"round{r + 1}-{name}.json").write_text(json.dumps(
+                        {**{k: m[k] for k in ("jobs", "samples", "seconds", "examples")},
+                         "self": m["self"].most_common(500),
+                         "incl": m["incl"].most_common(3000)}))
+        if len(trees) > 1:
+            print("median share per phase, " + " / ".join(trees) + ":")
+            for phase in PHASES:
+                cells = [sorted(s[phase] for s in table[n])[len(table[n]) // 2] * 100
+                         for n in trees]
+                print(f"   {phase}: " + " / ".join(f"{c:.1f} %" for c in cells))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
