@@ -19,7 +19,6 @@ run says how many jobs did.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import json
 import os
@@ -134,18 +133,9 @@ def phases(m: dict[str, Any]) -> dict[str, float]:
 def main() -> None:
     import paired  # (this script's folder is on sys.path)
 
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    base = ap.add_mutually_exclusive_group()
-    base.add_argument("--baseline", metavar="REV", help="a revision of this repository")
-    base.add_argument("--baseline-dir", metavar="DIR", help="an exported baseline tree")
-    ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--seconds", type=float, default=40.0)
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--jobs", default="auto")
-    ap.add_argument("--args", default="--contract helion")
+    ap = paired.arguments(__doc__, baseline_required=False, rounds=1, seconds=40.0,
+                          keep="write each run's merged samples there")
     ap.add_argument("--top", type=int, default=25)
-    ap.add_argument("--keep", metavar="DIR", help="write each run's merged samples there")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)

@@ -114,20 +114,28 @@ def _spread(xs: list[float]) -> str:
             f"{len(xs)} round(s))")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
+def arguments(doc: str | None, *, baseline_required: bool, rounds: int, seconds: float,
+              keep: str) -> argparse.ArgumentParser:
+    """The options of a paired run (the baseline, rounds, seconds, device, jobs, the
+    command's extra ``--args``, ``--keep``), shared with the scripts built on this one."""
+    ap = argparse.ArgumentParser(description=doc,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    base = ap.add_mutually_exclusive_group(required=True)
+    base = ap.add_mutually_exclusive_group(required=baseline_required)
     base.add_argument("--baseline", metavar="REV", help="a revision of this repository")
     base.add_argument("--baseline-dir", metavar="DIR", help="an exported baseline tree")
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--rounds", type=int, default=rounds)
+    ap.add_argument("--seconds", type=float, default=seconds)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--jobs", default="auto")
     ap.add_argument("--args", default="--contract helion",
                     help="more arguments for both commands (default: --contract helion)")
-    ap.add_argument("--keep", metavar="DIR", help="write each run's JSON summary there")
-    args = ap.parse_args()
+    ap.add_argument("--keep", metavar="DIR", help=keep)
+    return ap
+
+
+def main() -> None:
+    args = arguments(__doc__, baseline_required=True, rounds=2, seconds=60.0,
+                     keep="write each run's JSON summary there").parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         baseline = (Path(args.baseline_dir).resolve() if args.baseline_dir
                     else export(args.baseline, Path(tmp)))
