@@ -5,7 +5,8 @@ Each job process of ``kda-fuzz fuzz`` (the isolated default) samples its own Pyt
 every 5 ms of wall time (``SIGALRM``); the samples of all jobs are merged and printed as
 shares of the jobs' sampled time: inclusive for the frames that say what a job does
 (drawing, building, the target call, Helion's ``bind``, Triton's compile, judging), and
-the frames with the most self time. The trees (a copy of this one, and a baseline revision
+the frames with the most self time, and how many bound kernels (new specializations)
+Helion made per job, of how many keys. The trees (a copy of this one, and a baseline revision
 or exported tree) get one line patched in their job body (the ``rep = c.run()`` of the
 job process) and run alternately with :mod:`paired`'s command, as ``paired.py`` does.
 
@@ -13,8 +14,8 @@ job process) and run alternately with :mod:`paired`'s command, as ``paired.py`` 
                                      [--seconds 40] [--device cuda] [--jobs auto]
                                      [--args '--contract helion'] [--top 25] [--keep DIR]
 
-A job killed at the deadline in the middle of an example writes no samples: the line per
-run says how many jobs did.
+Each job writes its samples every second and at its end, so a job killed at the deadline
+in the middle of an example keeps all but its last second.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ JOB_BODY = "            rep = c.run()\n"
 _self: collections.Counter[str] = collections.Counter()
 _incl: collections.Counter[str] = collections.Counter()
 _taken = [0, 0.0]  # samples, start
+_job: dict[str, Any] = {}  # where this job writes its samples, and its campaign
+WRITE_EVERY = 200  # samples between writes (a job killed at the deadline keeps the last)
+_binds: collections.Counter[str] = collections.Counter()  # Helion BoundKernels made, by key
 
 # frames that say what a job is doing (inclusive shares): "file tail:function"
 PHASES = {
@@ -59,6 +63,8 @@ def _key(code: Any) -> str:
 
 def _on_alarm(_sig: int, frame: Any) -> None:
     _taken[0] += 1
+    if _taken[0] % WRITE_EVERY == 0:
+        _write()
     if frame is None:
         return
     _self[_key(frame.f_code)] += 1
@@ -71,19 +77,52 @@ def _on_alarm(_sig: int, frame: Any) -> None:
         frame = frame.f_back
 
 
-def start() -> None:
-    """Sample this process's main thread from now on (called by the patched job body)."""
+def _count_binds() -> None:
+    """Count every ``BoundKernel`` Helion makes (a new specialization: traced, compiled),
+    by the kernel's name and its base specialization key (when Helion is imported)."""
+    module = sys.modules.get("helion.runtime.kernel")
+    bound = getattr(module, "BoundKernel", None)
+    if bound is None or getattr(bound.__init__, "_counted", False):
+        return
+    made = bound.__init__
+
+    def counted(self: Any, kernel: Any, args: Any, *rest: Any, **kw: Any) -> None:
+        try:
+            key = repr(kernel._base_specialization_key(args))
+        except Exception as e:  # (a Helion without it: the kernel's name alone)
+            key = f"? {type(e).__name__}"
+        _binds[f"{getattr(kernel, 'name', '?')} {key}"] += 1
+        made(self, kernel, args, *rest, **kw)
+
+    counted._counted = True  # type: ignore[attr-defined]
+    bound.__init__ = counted
+
+
+def start(path: str, campaign: Any) -> None:
+    """Sample this process's main thread from now on, written to ``path`` (JSON) now and
+    then and at ``stop`` (called by the patched job body, ``campaign`` the job's)."""
+    _job.update(path=path, campaign=campaign)
+    _count_binds()
     _taken[1] = time.monotonic()
     signal.signal(signal.SIGALRM, _on_alarm)
     signal.setitimer(signal.ITIMER_REAL, EVERY, EVERY)
 
 
-def dump(path: str, examples: int) -> None:
-    """Stop sampling; write what was taken to ``path`` (JSON)."""
+def stop() -> None:
+    """Stop sampling; write what was taken."""
     signal.setitimer(signal.ITIMER_REAL, 0, 0)
-    Path(path).write_text(json.dumps({
+    _write()
+
+
+def _write() -> None:
+    examples = _job["campaign"].report.examples
+    tmp = Path(_job["path"] + ".part")
+    tmp.write_text(json.dumps({
         "samples": _taken[0], "seconds": time.monotonic() - _taken[1], "examples": examples,
+        "binds": sum(_binds.values()), "bind_keys": len(_binds),
+        "bind_repeats": sum(n - 1 for n in _binds.values()),
         "self": _self.most_common(500), "incl": _incl.most_common(3000)}))
+    tmp.replace(_job["path"])  # (a job killed while writing leaves the last whole file)
 
 
 def patched_copy(tree: Path, into: Path) -> Path:
@@ -98,12 +137,12 @@ def patched_copy(tree: Path, into: Path) -> Path:
     hook = ("            import os as _o, sys as _s\n"
             "            _s.path.insert(0, _o.environ['KDA_FUZZ_SAMPLER'])\n"
             "            import job_samples as _js\n"
-            "            _js.start()\n"
+            "            _js.start(f\"{_o.environ['KDA_FUZZ_SAMPLES']}/job{job.index}-"
+            "{_o.getpid()}.json\", c)\n"
             "            try:\n"
             "                rep = c.run()\n"
             "            finally:\n"
-            "                _js.dump(f\"{_o.environ['KDA_FUZZ_SAMPLES']}/job{job.index}-"
-            "{_o.getpid()}.json\", c.report.examples)\n")
+            "                _js.stop()\n")
     bodies[0].write_text(bodies[0].read_text().replace(JOB_BODY, hook))
     return out
 
@@ -112,12 +151,13 @@ def merged(folder: Path) -> dict[str, Any]:
     """The samples of every job that wrote them."""
     s: collections.Counter[str] = collections.Counter()
     i: collections.Counter[str] = collections.Counter()
-    out = {"jobs": 0, "samples": 0, "seconds": 0.0, "examples": 0}
+    out = {"jobs": 0, "samples": 0, "seconds": 0.0, "examples": 0, "binds": 0,
+           "bind_keys": 0, "bind_repeats": 0}
     for p in sorted(folder.glob("*.json")):
         j = json.loads(p.read_text())
         out["jobs"] += 1
-        for k in ("samples", "seconds", "examples"):
-            out[k] += j[k]
+        for k in out.keys() - {"jobs"}:
+            out[k] += j.get(k, 0)
         s.update(dict(j["self"]))
         i.update(dict(j["incl"]))
     return {**out, "self": s, "incl": i}
@@ -161,7 +201,9 @@ def main() -> None:
                 per = m["seconds"] / max(1, m["examples"]) * 1e3
                 print(f"round {r + 1} {name}: {got['examples']} examples in {got['wall']:.1f} s "
                       f"wall; {m['jobs']} job(s) sampled: {m['examples']} examples in "
-                      f"{m['seconds']:.0f} job-s ({per:.1f} ms per example per job)")
+                      f"{m['seconds']:.0f} job-s ({per:.1f} ms per example per job); "
+                      f"Helion made {m['binds']} bound kernel(s) of {m['bind_keys']} key(s) "
+                      f"per job summed ({m['bind_repeats']} again for a key it had)")
                 for phase, x in share.items():
                     print(f"   {x * 100:5.1f} %  {phase}")
                 print("   most self time:")
@@ -170,7 +212,7 @@ def main() -> None:
                 if args.keep:
                     Path(args.keep).mkdir(parents=True, exist_ok=True)
                     (Path(args.keep) / f"round{r + 1}-{name}.json").write_text(json.dumps(
-                        {**{k: m[k] for k in ("jobs", "samples", "seconds", "examples")},
+                        {**{k: v for k, v in m.items() if k not in ("self", "incl")},
                          "self": m["self"].most_common(500),
                          "incl": m["incl"].most_common(3000)}))
         if len(trees) > 1:

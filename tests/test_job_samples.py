@@ -3,10 +3,12 @@ this tree must still run a campaign, and its job must write the samples it took.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -49,3 +51,26 @@ def test_a_tree_without_the_job_body_is_refused(tmp_path: Path) -> None:
     (tree / "kda_fuzz" / "supervisor.py").write_text("def job():\n    return 1\n")
     with pytest.raises(SystemExit, match="0 job bodies"):
         job_samples.patched_copy(tree, tmp_path / "out")
+
+
+def test_helion_bound_kernels_are_counted_by_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Kernel:
+        name = "k"
+
+        def _base_specialization_key(self, args: tuple[int, ...]) -> tuple[int, ...]:
+            return (len(args),)
+
+    class BoundKernel:
+        def __init__(self, kernel: Kernel, args: tuple[int, ...]) -> None:
+            self.args = args
+
+    module = types.ModuleType("helion.runtime.kernel")
+    module.BoundKernel = BoundKernel  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "helion.runtime.kernel", module)
+    monkeypatch.setattr(job_samples, "_binds", collections.Counter())
+    job_samples._count_binds()
+    job_samples._count_binds()  # (wrapped once)
+    k = Kernel()
+    made = [BoundKernel(k, (1,)), BoundKernel(k, (2,)), BoundKernel(k, (1, 2))]
+    assert made[2].args == (1, 2)  # Helion's own constructor still runs
+    assert job_samples._binds == {"k (1,)": 2, "k (2,)": 1}
