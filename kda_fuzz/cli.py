@@ -223,7 +223,8 @@ def _fuzz_parser(sub: Any, knobs: Sequence[Any] | None = None) -> None:
     c = f.add_argument_group("campaign")
     c.add_argument("--max-examples", type=int, metavar="N", default=300,
                    help="examples in the campaign (default 300); every stratum takes "
-                        "its turns from the start, in proportion to its share")
+                        "its turns from the start, in proportion to its share; with "
+                        "--max-seconds, the plan whose rounds repeat until the time is up")
     c.add_argument("--seed", type=int, metavar="N", default=None,
                    help="seed for a reproducible campaign")
     c.add_argument("--max-seconds", type=float, metavar="S", default=None,
@@ -665,7 +666,7 @@ def _fuzz(args: argparse.Namespace, signals: Any = None) -> int:
     # wraps up, saves and summarizes, then exits 128 + the signal
     with signals.stopping(lambda stop: None):
         with Progress(share["examples"] if share else args.max_examples,
-                      enabled=not args.json) as progress:
+                      enabled=not args.json, clock=spec.budget.clock) as progress:
             run.saver = saver = _saver(spec, replay, progress)
             if spec.jobs == 1 and not spec.isolate:
                 with signals.stopping(saver.request):

@@ -146,6 +146,34 @@ def test_status_lines_off_a_terminal(capsys: pytest.CaptureFixture[str]) -> None
     assert capsys.readouterr().err == ""
 
 
+def test_a_time_bounded_campaign_shows_its_time_not_a_total(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """With --max-seconds the plan's rounds repeat until the time is up: "4278/300
+    examples" would say the campaign ran past its end; the line counts examples and the
+    command's seconds of its budget, the bar fills with the time."""
+    import time
+
+    from rich.console import Console
+
+    from kda_fuzz.workers.deadline import Deadline
+
+    report = _report()
+    clock = Deadline(started=time.monotonic() - 30.0, seconds=120.0)
+    with Progress(10, interval=0.0, clock=clock) as p:
+        p.update(report)
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert re.fullmatch(r"kda-fuzz: 40 examples, valid 18 / broken 22, failures 0, "
+                        r"[\d.]+/s, 3\d of 120 s", line), line
+    bar = Progress(10, clock=clock)
+    bar.console = Console(file=io.StringIO(), force_terminal=True, width=200)
+    bar.plain = False
+    with bar:
+        bar.update(report)
+        task = bar._bar.tasks[0]  # type: ignore[union-attr]
+        assert task.total == 120.0 and 30.0 <= task.completed < 120.0
+        assert task.fields["examples"] == 40
+
+
 def test_no_subcommand_lists_the_subcommands(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli_main([]) == 2
     err = capsys.readouterr().err

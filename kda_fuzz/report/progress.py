@@ -25,10 +25,13 @@ class Progress:
     """Progress of a campaign's examples on stderr: a bar on a terminal; off one (CI logs,
     pipes), a plain one-line status every ``interval`` seconds and one at the end. Each
     new finding gets a line when it is confirmed and one when it is saved (``found``,
-    ``saved``; also with the display disabled: stderr only)."""
+    ``saved``; also with the display disabled: stderr only). ``clock``: the ``--max-seconds``
+    :class:`~kda_fuzz.workers.deadline.Deadline` of a campaign whose plan of ``total``
+    examples repeats until the time is up: the bar shows the command's time, the lines
+    the examples run, without a total."""
 
     def __init__(self, total: int, enabled: bool = True,
-                 interval: float = STATUS_INTERVAL) -> None:
+                 interval: float = STATUS_INTERVAL, clock: Any = None) -> None:
         self.console = Console(stderr=True)
         self.enabled = enabled
         self.plain = enabled and not self.console.is_terminal
@@ -36,6 +39,8 @@ class Progress:
         self._bar: RichProgress | None = None
         self._task: Any = None
         self.total = total
+        self.clock = clock
+        self.seconds: float | None = None if clock is None else clock.seconds
         self._t0 = time.monotonic()
         self._next = self._t0 + interval
         self._last: Any = None
@@ -46,13 +51,19 @@ class Progress:
         self._t0 = time.monotonic()
         self._next = self._t0 + self.interval
         if self.enabled and not self.plain:
+            count = (MofNCompleteColumn() if self.seconds is None
+                     else TextColumn("{task.fields[examples]} examples"))
+            clock = (TimeElapsedColumn() if self.seconds is None
+                     else TextColumn(f"{{task.fields[spent]}} of {self.seconds:g} s"))
             self._bar = RichProgress(
-                TextColumn("[bold]fuzz[/]"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("{task.fields[stats]}"), TimeElapsedColumn(),
+                TextColumn("[bold]fuzz[/]"), BarColumn(), count,
+                TextColumn("{task.fields[stats]}"), clock,
                 console=self.console, transient=True,
             )
             self._bar.__enter__()
-            self._task = self._bar.add_task("fuzz", total=self.total, stats="")
+            total = self.total if self.seconds is None else self.seconds
+            self._task = self._bar.add_task("fuzz", total=total,
+                                            stats="", examples=0, spent=0)
         return self
 
     def update(self, report: Any) -> None:
@@ -62,19 +73,30 @@ class Progress:
             stats = (f"valid {report.valid_cases} · broken {report.broken_cases} · "
                      f"checks {len(report.checks_hit)} · "
                      + (f"[bold red]failures {failures}[/]" if failures else "failures 0"))
-            self._bar.update(self._task, completed=report.examples, stats=stats)
+            done = (min(self.seconds, self._spent()) if self.seconds is not None
+                    else report.examples)
+            self._bar.update(self._task, completed=done, stats=stats, examples=report.examples,
+                             spent=f"{done:.0f}")
         elif self.plain and time.monotonic() >= self._next:
             self._next = time.monotonic() + self.interval
             self._status()
 
     def status_line(self, report: Any) -> str:
-        """``kda-fuzz: 120/300 examples, valid 60 / broken 60, failures 0, 2.4/s, 50 s``."""
+        """``kda-fuzz: 120/300 examples, valid 60 / broken 60, failures 0, 2.4/s, 50 s``
+        (bound by ``--max-seconds``: ``120 examples, ..., 50 of 600 s``)."""
         elapsed = time.monotonic() - self._t0
         failures = getattr(report, "failures", None)
-        return (f"kda-fuzz: {report.examples}/{self.total} examples, valid "
+        timed = self.seconds is not None
+        count = f"{report.examples}" if timed else f"{report.examples}/{self.total}"
+        return (f"kda-fuzz: {count} examples, valid "
                 f"{report.valid_cases} / broken {report.broken_cases}"
                 + (f", failures {len(failures)}" if failures is not None else "")
-                + f", {report.examples / max(elapsed, 1e-9):.1f}/s, {elapsed:.0f} s")
+                + f", {report.examples / max(elapsed, 1e-9):.1f}/s, "
+                + (f"{self._spent():.0f} of {self.seconds:g} s" if timed else f"{elapsed:.0f} s"))
+
+    def _spent(self) -> float:
+        """Seconds of the ``--max-seconds`` clock gone (from the process's start)."""
+        return time.monotonic() - self.clock.started
 
     def found(self, failure: Any) -> None:
         """``kda-fuzz: failure 2 confirmed: mismatch/out-value on T (minimizing)``."""
