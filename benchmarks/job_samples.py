@@ -12,10 +12,14 @@ job process) and run alternately with :mod:`paired`'s command, as ``paired.py`` 
 
     python benchmarks/job_samples.py [--baseline REV | --baseline-dir DIR] [--rounds 1]
                                      [--seconds 40] [--device cuda] [--jobs auto]
-                                     [--args '--contract helion'] [--top 25] [--keep DIR]
+                                     [--args '--contract helion'] [--top 25] [--every S]
+                                     [--keep DIR]
 
-Each job writes its samples every second and at its end, so a job killed at the deadline
-in the middle of an example keeps all but its last second.
+The sampling has a cost of its own (on the H200 the sampled baseline ran a third of the
+examples of unsampled runs on other machine starts): compare sampled runs with each
+other, not with unsampled ones; ``--every S`` samples less often. Each job writes its
+samples now and then and at its end, so a job killed at the deadline in the middle of an
+example keeps all but the last of them.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ _self: collections.Counter[str] = collections.Counter()
 _incl: collections.Counter[str] = collections.Counter()
 _taken = [0, 0.0]  # samples, start
 _job: dict[str, Any] = {}  # where this job writes its samples, and its campaign
-WRITE_EVERY = 200  # samples between writes (a job killed at the deadline keeps the last)
+WRITE_EVERY = 1.0  # seconds between writes (a job killed at the deadline keeps the last)
 _binds: collections.Counter[str] = collections.Counter()  # Helion BoundKernels made, by key
 
 # frames that say what a job is doing (inclusive shares): "file tail:function"
@@ -63,7 +67,7 @@ def _key(code: Any) -> str:
 
 def _on_alarm(_sig: int, frame: Any) -> None:
     _taken[0] += 1
-    if _taken[0] % WRITE_EVERY == 0:
+    if time.monotonic() - _job.get("written", 0.0) >= WRITE_EVERY:
         _write()
     if frame is None:
         return
@@ -105,7 +109,8 @@ def start(path: str, campaign: Any) -> None:
     _count_binds()
     _taken[1] = time.monotonic()
     signal.signal(signal.SIGALRM, _on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, EVERY, EVERY)
+    every = float(os.environ.get("KDA_FUZZ_SAMPLE_EVERY") or EVERY)
+    signal.setitimer(signal.ITIMER_REAL, every, every)
 
 
 def stop() -> None:
@@ -115,6 +120,7 @@ def stop() -> None:
 
 
 def _write() -> None:
+    _job["written"] = time.monotonic()
     examples = _job["campaign"].report.examples
     tmp = Path(_job["path"] + ".part")
     tmp.write_text(json.dumps({
@@ -176,7 +182,10 @@ def main() -> None:
     ap = paired.arguments(__doc__, baseline_required=False, rounds=1, seconds=40.0,
                           keep="write each run's merged samples there")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--every", type=float, default=EVERY, metavar="S",
+                    help=f"seconds of wall time between samples (default {EVERY:g})")
     args = ap.parse_args()
+    os.environ["KDA_FUZZ_SAMPLE_EVERY"] = str(args.every)
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)
         trees = {"this": patched_copy(paired.HERE, t / "this")}
