@@ -29,7 +29,6 @@ array of floats (the job's shared flight record), so it survives the job's resta
 from __future__ import annotations
 
 import math
-import weakref
 from collections.abc import MutableSequence
 from typing import Any
 
@@ -78,10 +77,6 @@ class Calibration:
         self.targets, self.ceiling = targets, ceiling
         self.floor, self.multiple = min(floor, ceiling), multiple
         self._shapes: set[tuple[int, tuple[Any, ...]]] = set()
-        self._called: set[int] = set()  # the targets this process has called
-        # the last case asked about (held weakly: a GPU-scale case's buffers are not kept
-        # alive by it) and its shape key and size class
-        self._keys: tuple[weakref.ref[Case], tuple[Any, ...], int] | None = None
         self.largest = 0.0  # the largest limit set by this process, for its summary
 
     def _slowest(self, target: int, cls: int) -> float:
@@ -94,13 +89,6 @@ class Calibration:
                 return self.store[base + c] * min(MAX_SCALE, 2.0 ** (cls - c))
         return max((self.store[base + c] for c in range(CLASSES)), default=0.0)
 
-    def _keyed(self, case: Case) -> tuple[tuple[Any, ...], int]:
-        """``case``'s shape key and size class (made once per case: a call's limit and its
-        observation ask for the same case's)."""
-        if self._keys is None or self._keys[0]() is not case:
-            self._keys = (weakref.ref(case), shape_key(case), size_class(case))
-        return self._keys[1], self._keys[2]
-
     def limit(self, target: int, case: Case, compiling: bool = False) -> float:
         """Seconds the call of ``target`` (its index) on ``case`` may take; ``compiling``:
         this process has seen kernels compile."""
@@ -108,13 +96,12 @@ class Calibration:
         warm, compile_ = self.store[base + WARM], self.store[base + COMPILE]
         if warm <= 0:
             return self.ceiling  # nothing has returned yet: anything may be a compile
-        key, cls = self._keyed(case)
-        expect = self._slowest(target, cls)
+        expect = self._slowest(target, size_class(case))
         floor = self.floor
-        if target not in self._called:
+        if not any(t == target for t, _ in self._shapes):
             expect = max(expect, warm, compile_)
             floor = max(floor, COMPILE_FLOOR if compiling else 0.0)
-        elif (target, key) not in self._shapes or expect <= 0:
+        elif (target, shape_key(case)) not in self._shapes or expect <= 0:
             expect = max(expect, compile_ or warm)
             floor = max(floor, COMPILE_FLOOR if compiling else 0.0)
         out = min(self.ceiling, max(floor, self.multiple * expect))
@@ -123,18 +110,16 @@ class Calibration:
 
     def observe(self, target: int, case: Case, seconds: float) -> None:
         """A call of ``target`` on ``case`` returned (or raised) after ``seconds``."""
-        shape, cls = self._keyed(case)
-        key = (target, shape)
+        key = (target, shape_key(case))
         base = target * SLOTS
         seconds = max(seconds, 1e-9)
-        if target not in self._called:
+        if not any(t == target for t, _ in self._shapes):
             cell = base + WARM
         elif key not in self._shapes:
             cell = base + COMPILE
         else:
-            cell = base + 2 + cls
+            cell = base + 2 + size_class(case)
         self._shapes.add(key)
-        self._called.add(target)
         self.store[cell] = max(self.store[cell], seconds)
 
     def in_force(self, target: int) -> float:
