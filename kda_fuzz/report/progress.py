@@ -40,7 +40,6 @@ class Progress:
         self._task: Any = None
         self.total = total
         self.clock = clock
-        self.seconds: float | None = None if clock is None else clock.seconds
         self._t0 = time.monotonic()
         self._next = self._t0 + interval
         self._last: Any = None
@@ -51,17 +50,17 @@ class Progress:
         self._t0 = time.monotonic()
         self._next = self._t0 + self.interval
         if self.enabled and not self.plain:
-            count = (MofNCompleteColumn() if self.seconds is None
+            count = (MofNCompleteColumn() if self.clock is None
                      else TextColumn("{task.fields[examples]} examples"))
-            clock = (TimeElapsedColumn() if self.seconds is None
-                     else TextColumn(f"{{task.fields[spent]}} of {self.seconds:g} s"))
+            clock = (TimeElapsedColumn() if self.clock is None
+                     else TextColumn(f"{{task.fields[spent]}} of {self.clock.seconds:g} s"))
             self._bar = RichProgress(
                 TextColumn("[bold]fuzz[/]"), BarColumn(), count,
                 TextColumn("{task.fields[stats]}"), clock,
                 console=self.console, transient=True,
             )
             self._bar.__enter__()
-            total = self.total if self.seconds is None else self.seconds
+            total = self.total if self.clock is None else self.clock.seconds
             self._task = self._bar.add_task("fuzz", total=total,
                                             stats="", examples=0, spent=0)
         return self
@@ -73,8 +72,8 @@ class Progress:
             stats = (f"valid {report.valid_cases} · broken {report.broken_cases} · "
                      f"checks {len(report.checks_hit)} · "
                      + (f"[bold red]failures {failures}[/]" if failures else "failures 0"))
-            done = (min(self.seconds, self._spent()) if self.seconds is not None
-                    else report.examples)
+            done = (report.examples if self.clock is None
+                    else min(self.clock.seconds, self._spent()))
             self._bar.update(self._task, completed=done, stats=stats, examples=report.examples,
                              spent=f"{done:.0f}")
         elif self.plain and time.monotonic() >= self._next:
@@ -86,13 +85,14 @@ class Progress:
         (bound by ``--max-seconds``: ``120 examples, ..., 50 of 600 s``)."""
         elapsed = time.monotonic() - self._t0
         failures = getattr(report, "failures", None)
-        timed = self.seconds is not None
+        timed = self.clock is not None
         count = f"{report.examples}" if timed else f"{report.examples}/{self.total}"
         return (f"kda-fuzz: {count} examples, valid "
                 f"{report.valid_cases} / broken {report.broken_cases}"
                 + (f", failures {len(failures)}" if failures is not None else "")
                 + f", {report.examples / max(elapsed, 1e-9):.1f}/s, "
-                + (f"{self._spent():.0f} of {self.seconds:g} s" if timed else f"{elapsed:.0f} s"))
+                + (f"{self._spent():.0f} of {self.clock.seconds:g} s" if timed
+                   else f"{elapsed:.0f} s"))
 
     def _spent(self) -> float:
         """Seconds of the ``--max-seconds`` clock gone (from the process's start)."""
