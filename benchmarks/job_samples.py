@@ -89,6 +89,8 @@ def _count_binds() -> None:
     if bound is None or getattr(bound.__init__, "_counted", False):
         return
     made = bound.__init__
+    # (not kda_fuzz.execution.patching.wrap_once: this runs in baseline trees too, which
+    # may not have it)
 
     def counted(self: Any, kernel: Any, args: Any, *rest: Any, **kw: Any) -> None:
         try:
