@@ -43,6 +43,7 @@ _taken = [0, 0.0]  # samples, start
 _job: dict[str, Any] = {}  # where this job writes its samples, and its campaign
 WRITE_EVERY = 1.0  # seconds between writes (a job killed at the deadline keeps the last)
 _binds: collections.Counter[str] = collections.Counter()  # Helion BoundKernels made, by key
+_bind_seconds: collections.Counter[str] = collections.Counter()  # their construction time
 
 # frames that say what a job is doing (inclusive shares): "file tail:function"
 PHASES = {
@@ -97,8 +98,13 @@ def _count_binds() -> None:
             key = repr(kernel._base_specialization_key(args))
         except Exception as e:  # (a Helion without it: the kernel's name alone)
             key = f"? {type(e).__name__}"
-        _binds[f"{getattr(kernel, 'name', '?')} {key}"] += 1
-        made(self, kernel, args, *rest, **kw)
+        name = f"{getattr(kernel, 'name', '?')} {key}"
+        _binds[name] += 1
+        t0 = time.monotonic()
+        try:
+            made(self, kernel, args, *rest, **kw)
+        finally:
+            _bind_seconds[name] += time.monotonic() - t0
 
     counted._counted = True  # type: ignore[attr-defined]
     bound.__init__ = counted
@@ -129,6 +135,8 @@ def _write() -> None:
         "samples": _taken[0], "seconds": time.monotonic() - _taken[1], "examples": examples,
         "binds": sum(_binds.values()), "bind_keys": len(_binds),
         "bind_repeats": sum(n - 1 for n in _binds.values()),
+        "bind_seconds": sum(_bind_seconds.values()),
+        "keys": [(k, n, round(_bind_seconds[k], 3)) for k, n in _binds.most_common(100)],
         "self": _self.most_common(500), "incl": _incl.most_common(3000)}))
     tmp.replace(_job["path"])  # (a job killed while writing leaves the last whole file)
 
@@ -160,15 +168,18 @@ def merged(folder: Path) -> dict[str, Any]:
     s: collections.Counter[str] = collections.Counter()
     i: collections.Counter[str] = collections.Counter()
     out = {"jobs": 0, "samples": 0, "seconds": 0.0, "examples": 0, "binds": 0,
-           "bind_keys": 0, "bind_repeats": 0}
+           "bind_keys": 0, "bind_repeats": 0, "bind_seconds": 0.0}
+    per_job: list[dict[str, Any]] = []
     for p in sorted(folder.glob("*.json")):
         j = json.loads(p.read_text())
         out["jobs"] += 1
         for k in out.keys() - {"jobs"}:
             out[k] += j.get(k, 0)
+        per_job.append({"job": p.stem, **{k: j.get(k) for k in (
+            "seconds", "examples", "binds", "bind_seconds", "keys")}})
         s.update(dict(j["self"]))
         i.update(dict(j["incl"]))
-    return {**out, "self": s, "incl": i}
+    return {**out, "per_job": per_job, "self": s, "incl": i}
 
 
 def phases(m: dict[str, Any]) -> dict[str, float]:
@@ -214,7 +225,11 @@ def main() -> None:
                       f"wall; {m['jobs']} job(s) sampled: {m['examples']} examples in "
                       f"{m['seconds']:.0f} job-s ({per:.1f} ms per example per job); "
                       f"Helion made {m['binds']} bound kernel(s) of {m['bind_keys']} key(s) "
-                      f"per job summed ({m['bind_repeats']} again for a key it had)")
+                      f"per job summed ({m['bind_repeats']} again for a key it had), "
+                      f"{m['bind_seconds']:.0f} job-s making them")
+                for j in m["per_job"]:
+                    print(f"   {j['job']}: {j['examples']} examples in {j['seconds'] or 0:.0f} s, "
+                          f"{j['binds']} bound kernel(s) in {j['bind_seconds'] or 0:.1f} s")
                 for phase, x in share.items():
                     print(f"   {x * 100:5.1f} %  {phase}")
                 print("   most self time:")

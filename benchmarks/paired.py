@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import statistics
 import subprocess
@@ -75,9 +76,23 @@ def run(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
             "failures": s.get("failures", 0), "startup": s.get("startup_seconds", 0.0),
             "compiling": s.get("compiling_seconds", 0.0),
             "job_seconds": sum(s.get("stratum_seconds", {}).values()),
+            "restarts": restarts(s),
             "strata": {k: (s.get("stratum_rows", {}).get(k, 0), v)
                        for k, v in s.get("stratum_seconds", {}).items()},
             "summary": s}
+
+
+def restarts(summary: dict[str, Any]) -> int:
+    """The job restarts of a run (after a crash or hang: each pays the imports and every
+    compile again), from its summary (or, of older trees, its notes)."""
+    n = summary.get("timeout", {}).get("restarts")
+    if n is not None:
+        return int(n)
+    for note in summary.get("notes", []):
+        m = re.match(r"(\d+) job restart", note)
+        if m:
+            return int(m.group(1))
+    return 0
 
 
 def _leftovers() -> tuple[int, int]:
@@ -143,7 +158,8 @@ def main() -> None:
         print(f"baseline {baseline}; this tree {HERE}; {args.rounds} round(s) of "
               f"{args.seconds:g} s on {args.device}, --jobs {args.jobs} {args.args}".rstrip())
         print(f"{'round':>5} {'tree':9} {'wall s':>7} {'examples':>9} {'ex/s':>8} "
-              f"{'rows/s':>11} {'start-up s':>10} {'compiling s':>11} {'job-s':>6} failures")
+              f"{'rows/s':>11} {'start-up s':>10} {'compiling s':>11} {'job-s':>6} "
+              "restarts failures")
         results: dict[str, list[dict[str, Any]]] = {"baseline": [], "this": []}
         for r in range(args.rounds):
             order = ["baseline", "this"] if r % 2 == 0 else ["this", "baseline"]
@@ -154,7 +170,8 @@ def main() -> None:
                 print(f"{r + 1:5d} {name:9} {got['wall']:7.1f} {got['examples']:9d} "
                       f"{got['examples'] / got['wall']:8.1f} {got['rows'] / got['wall']:11,.0f} "
                       f"{got['startup']:10.1f} {got['compiling']:11.1f} "
-                      f"{got['job_seconds']:6.0f} {got['failures']}", flush=True)
+                      f"{got['job_seconds']:6.0f} {got['restarts']:8d} {got['failures']}",
+                      flush=True)
                 if before:
                     print(f"      before it: {before}")
                 print("      strata (rows, job-s): " + ", ".join(

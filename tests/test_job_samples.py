@@ -68,9 +68,19 @@ def test_helion_bound_kernels_are_counted_by_key(monkeypatch: pytest.MonkeyPatch
     module.BoundKernel = BoundKernel  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "helion.runtime.kernel", module)
     monkeypatch.setattr(job_samples, "_binds", collections.Counter())
+    monkeypatch.setattr(job_samples, "_bind_seconds", collections.Counter())
     job_samples._count_binds()
     job_samples._count_binds()  # (wrapped once)
     k = Kernel()
     made = [BoundKernel(k, (1,)), BoundKernel(k, (2,)), BoundKernel(k, (1, 2))]
     assert made[2].args == (1, 2)  # Helion's own constructor still runs
     assert job_samples._binds == {"k (1,)": 2, "k (2,)": 1}
+    assert set(job_samples._bind_seconds) == {"k (1,)", "k (2,)"}  # and timed
+
+
+def test_a_paired_run_counts_restarts_from_the_summary_or_an_older_trees_notes() -> None:
+    import paired
+
+    assert paired.restarts({"timeout": {"restarts": 3}, "notes": []}) == 3
+    assert paired.restarts({"notes": ["x", "7 job restart(s) after a crash or hang"]}) == 7
+    assert paired.restarts({"notes": []}) == 0
