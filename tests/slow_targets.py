@@ -18,10 +18,10 @@ def slow_pad_wrap(*args, **kwargs):
 
 
 def stalls_twice(*args, **kwargs):
-    """Correct, but two of its calls take 3 s each (a loaded machine's stall): the first
-    on a batch of 9 rows or more once its process has made 10 calls (the timeouts are
-    calibrated by then), the second the next call on that case (its re-run). Kept in the
-    folder ``KDA_FUZZ_TEST_STALL_DIR``, which outlives the processes that call it."""
+    """Correct, but two of its calls take 3 s each (a loaded machine's stall, past the 2 s
+    floor of a fast target's calibrated limit): its first two calls on a batch of 9 rows or
+    more once its process has made 10 calls (the timeouts are calibrated by then). Kept in
+    the folder ``KDA_FUZZ_TEST_STALL_DIR``, which outlives the processes that call it."""
     import os
     from pathlib import Path
 
@@ -29,12 +29,10 @@ def stalls_twice(*args, **kwargs):
 
     _calls[0] += 1
     rows = args[0].shape[0] if args[0].dim() >= 1 else 0
-    key = f"{tuple(args[0].shape)} {float(args[0].double().sum())}"  # which case
     where = Path(os.environ["KDA_FUZZ_TEST_STALL_DIR"])
     stalls = sorted(where.iterdir())
-    if rows >= 9 and ((not stalls and _calls[0] > 10)
-                      or (len(stalls) == 1 and stalls[0].read_text() == key)):
-        (where / f"stall-{len(stalls)}").write_text(key)
+    if rows >= 9 and _calls[0] > 10 and len(stalls) < 2:
+        (where / f"stall-{len(stalls)}").write_text(str(tuple(args[0].shape)))
         time.sleep(3.0)
     return reference_kda_packed_decode(*args, **kwargs)
 

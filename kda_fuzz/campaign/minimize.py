@@ -504,9 +504,8 @@ def minimize_with_verdict(contract: Contract, case: Case, target_fn: Callable[..
                 current.intent, notes), hint
 
 def candidate_timeout(verdict: Verdict, timeout: float) -> float:
-    """The per-candidate timeout of a failure's minimization: for a hang, the limit it
-    was found past (its calibrated timeout: a smaller case is no slower), else
-    ``timeout``."""
+    """The per-candidate timeout of a failure's minimization: for a hang, the calibrated
+    limit of the call found (a smaller case is no slower), else ``timeout``."""
     limit = verdict.limit_seconds if verdict.kind == "timeout" else None
     return min(timeout, float(limit)) if limit else timeout
 
@@ -517,7 +516,7 @@ def minimized_detail(found: Verdict, minimized: Verdict, timeout: float) -> Verd
     if minimized.kind != "timeout" or candidate_timeout(found, timeout) >= timeout:
         return minimized
     return replace(minimized, detail=f"{minimized.detail} (the calibrated per-call timeout "
-                   f"the campaign found it past; --timeout {timeout:g} s is the ceiling)")
+                   f"its smaller candidates were given; proven past --timeout {timeout:g} s)")
 
 
 def minimize_failure(contract: Contract, failure: Failure, run: Callable[[Case], Outcome], *,

@@ -9,9 +9,9 @@ from its own pipe (a job killed mid-message can only break its own pipe, which i
 restart replaces; a queue shared by all jobs would stay locked) and watches the records:
 
 * a job that dies while a target runs is a ``crash`` of that target at that position,
-  one that stays in a target call past the limit the job set for it is killed, a
-  ``timeout`` (the limit is calibrated from the target's measured call times, see
-  :mod:`kda_fuzz.campaign.timeouts`; ``timeout`` is its ceiling);
+  one that stays in a target call past ``timeout`` is killed, a ``timeout``; once a
+  target has hung, its later calls are cut at the limit the job set for them, calibrated
+  from the target's measured call times (:mod:`kda_fuzz.campaign.timeouts`);
 * the job is restarted from its last progress message with the same plan and seed; it
   fast-forwards to where it stood (the same seeds draw the same cases), regenerates the
   case that crashed, exactly as launched, records it as a failure without running it,
@@ -62,7 +62,7 @@ from kda_fuzz.campaign.results import Failure, Report, wants_minimizing
 from kda_fuzz.campaign.runner import Campaign, Position, Recorder
 from kda_fuzz.campaign.spec import CampaignOptions, CampaignSpec
 from kda_fuzz.campaign.steering import note as shifted_note
-from kda_fuzz.campaign.timeouts import Calibration, confirm_limit, describe, merged, store_size
+from kda_fuzz.campaign.timeouts import Calibration, describe, merged, store_size
 from kda_fuzz.campaign.timeouts import note as timeout_note
 from kda_fuzz.engine.oracle import EnvironmentFailure, device_error
 from kda_fuzz.engine.targets import Target, load_target
@@ -124,8 +124,6 @@ class Job:
     options: CampaignOptions
     resume: tuple[Position, dict[str, Any]] | None = None
     hard: dict[Position, tuple[int, Verdict]] = field(default_factory=dict)
-    # the calls past their calibrated limit, run again under a longer one (seconds)
-    relaxed: dict[Position, float] = field(default_factory=dict)
     seen: frozenset[tuple[Any, ...]] = frozenset()  # signatures of failures already kept
     launched: float = 0.0  # time.monotonic() when the supervisor started the process
 
@@ -135,10 +133,9 @@ class _SharedRecorder(Recorder):
 
     def __init__(self, record: Any, send: Callable[[Position], None], device: str,
                  flight: bool = True, calibration: Calibration | None = None,
-                 relaxed: dict[Position, float] | None = None) -> None:
+                 ) -> None:
         self.record, self.send, self.device, self.flight = record, send, device, flight
         self.calibration = calibration  # None: the supervisor's fixed timeout
-        self.relaxed = relaxed or {}  # position -> the limit of its confirming re-run
         self.last = 0.0
         self._case: Any = None
         self._timing: tuple[int, float] | None = None  # (target, start) of a call to time
@@ -165,8 +162,6 @@ class _SharedRecorder(Recorder):
         if cal is not None and case is not None:
             r[LIMIT] = cal.limit(target, case, compiling=compiles.totals().count > 0
                                  or compiles.interpreted() > 0)
-        if position in self.relaxed:
-            r[LIMIT] = self.relaxed[position]
         r[SINCE] = time.monotonic()
         self._timing = (target, r[SINCE])
         r[STATE] = CALLING
@@ -264,8 +259,7 @@ def _run_job(job: Job, conn: Any, stop: Any, record: Any) -> None:
                 else JobRepeat(job.index, f.signature, snapshot(where)))
 
         rec = _SharedRecorder(record, lambda pos: put(JobProgress(job.index, snapshot(pos))),
-                              device, flight=spec.isolate, calibration=calibration,
-                              relaxed=job.relaxed)
+                              device, flight=spec.isolate, calibration=calibration)
         c = Campaign(contract, spec.variant, targets, peers=peers, options=options,
                      on_failure=on_failure, stop=stop.is_set, recorder=rec,
                      resume=job.resume, hard=job.hard, seen=job.seen)
@@ -331,10 +325,7 @@ class Supervisor:
         self.states: list[_JobState] = []
         self.restarts = 0
         self.hang_limits: list[float] = []  # the limit in force at each hang
-        self.rerun_hangs: list[float] = []  # calls past their limit run again (their limit)
-        self._confirmed: set[int] = set()  # targets with a hang confirmed by a re-run
-        self.rerun_hung = 0  # of those re-runs, the ones that did not return either
-        self._first_limit: dict[int, float] = {}  # target -> the limit its first hang passed
+        self._hung_targets: set[int] = set()  # targets with a call past the ceiling
         self._t0 = 0.0
 
     # ------------------------------------------------------------------ lifecycle
@@ -492,8 +483,7 @@ class Supervisor:
         out = describe(store, names, self.timeout)
         out["hangs"] = len(self.hang_limits)
         out["hang_limits_seconds"] = sorted({round(x, 3) for x in self.hang_limits})
-        out["rerun"] = len(self.rerun_hangs)  # calls past their limit run again once
-        out["rerun_returned"] = len(self.rerun_hangs) - self.rerun_hung
+        out["restarts"] = self.restarts  # of jobs, after a crash or hang
         return out
 
     def summaries(self) -> list[dict[str, Any]]:
@@ -585,12 +575,16 @@ class Supervisor:
         r = s.record
         now = time.monotonic()
         calling = r[STATE] in (CALLING, FAULTED, JUDGING)
-        limit = min(self.timeout, r[LIMIT]) if r[LIMIT] > 0 else self.timeout
+        calibrated = min(self.timeout, r[LIMIT]) if r[LIMIT] > 0 else self.timeout
+        # a call is a hang only past the ceiling until its target has hung once: a cut at
+        # a calibrated limit would cost a restart (imports, every compile again) for each
+        # slow call of a correct kernel on a loaded machine or a shared GPU
+        limit = calibrated if int(r[TARGET]) in self._hung_targets else self.timeout
         if r[STATE] == CALLING and now - r[SINCE] > limit and s.proc.is_alive():
             s.proc.kill()
             s.proc.join(timeout=10)
             self._drain(0.0)
-            self._hung(s, limit)
+            self._hung(s, limit, calibrated)
             return
         if s.proc.is_alive():
             if not calling and now - s.last_message > STALL_SECONDS:
@@ -619,38 +613,22 @@ class Supervisor:
             self._restart(s, "crash", "process-died",
                           f"the process running the target died ({ended})")
 
-    def _hung(self, s: _JobState, limit: float) -> None:
-        """The job's call did not return within ``limit``: the first such call of a target
-        is run again under a longer limit (``timeouts.confirm_limit``), a call that does
-        not return then either (or a later one) is a ``timeout`` finding."""
-        r = s.record
-        pos: Position = (int(r[ROUND]), int(r[ARM]), int(r[EXAMPLE]))
-        target = int(r[TARGET])
-        rerun = s.spec.relaxed.get(pos)
-        longer = confirm_limit(limit, self.timeout)
-        if rerun is None and target not in self._confirmed and longer > limit:
-            self.rerun_hangs.append(limit)
-            self._first_limit[target] = limit
-            self._restart(s, relax=(pos, longer))
-            return
-        self._confirmed.add(target)
+    def _hung(self, s: _JobState, limit: float, calibrated: float) -> None:
+        """The job's call did not return within ``limit`` (the ceiling, or once its target
+        has hung past the ceiling, the call's ``calibrated`` limit): a ``timeout`` finding,
+        whose smaller variants get the ``calibrated`` limit while it is minimized (the
+        minimized case is proven past the ceiling before it replaces the one found)."""
+        self._hung_targets.add(int(s.record[TARGET]))
         self.hang_limits.append(limit)
-        self.rerun_hung += rerun is not None
         how = "" if limit >= self.timeout else (
-            f" (the calibrated per-call timeout; --timeout {self.timeout:g} s is its ceiling)")
-        if rerun is not None:
-            how = (" when run again, after it had not returned within its calibrated per-call "
-                   f"timeout (--timeout {self.timeout:g} s is the ceiling)")
-        # the limit its smaller variants get while it is minimized: the calibrated one
-        calibrated = self._first_limit.get(target, limit) if rerun is not None else limit
+            " (its calibrated per-call timeout: the target had not returned within "
+            f"--timeout {self.timeout:g} s before)")
         self._restart(s, "timeout", "no-return", f"did not return within {limit:.3g} s{how}",
                       limit_seconds=round(calibrated, 3))
 
-    def _restart(self, s: _JobState, kind: str = "", what: str = "", detail: str = "", *,
-                 relax: tuple[Position, float] | None = None,
+    def _restart(self, s: _JobState, kind: str, what: str, detail: str, *,
                  limit_seconds: float | None = None) -> None:
-        """Record the hard fault at the job's flight position (``relax``: none; that
-        position's call is run again under the given limit) and start the job again from
+        """Record the hard fault at the job's flight position and start the job again from
         its last progress message."""
         r = s.record
         pos: Position = (int(r[ROUND]), int(r[ARM]), int(r[EXAMPLE]))
@@ -658,19 +636,14 @@ class Supervisor:
         resume = s.snapshot if s.snapshot is not None and s.snapshot[0] <= pos else None
         start = resume[0] if resume is not None else (-1, 0, 0)
         hard = {p: h for p, h in s.spec.hard.items() if p >= start}
-        relaxed = {p: t for p, t in s.spec.relaxed.items() if p >= start and p != pos}
-        if relax is not None:
-            relaxed[relax[0]] = relax[1]
-        else:
-            # (config_alternative: the call ran under other kernel configs, Recorder.alternative)
-            hard[pos] = (target, Verdict(
-                kind, what, detail, limit_seconds=limit_seconds,  # type: ignore[arg-type]
-                config_alternative=int(r[CONFIGS]) - 1 if r[CONFIGS] > 0 else None))
+        # (config_alternative: the call ran under other kernel configs, Recorder.alternative)
+        hard[pos] = (target, Verdict(
+            kind, what, detail, limit_seconds=limit_seconds,  # type: ignore[arg-type]
+            config_alternative=int(r[CONFIGS]) - 1 if r[CONFIGS] > 0 else None))
         s.restarts += 1
         self.restarts += 1
         seen = frozenset(self._kept)
-        spec = Job(**{**s.spec.__dict__, "resume": resume, "hard": hard, "relaxed": relaxed,
-                      "seen": seen})
+        spec = Job(**{**s.spec.__dict__, "resume": resume, "hard": hard, "seen": seen})
         self._start(spec, s)
 
 

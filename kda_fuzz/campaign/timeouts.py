@@ -1,7 +1,7 @@
 """Calibrated per-call timeouts, as AFL derives its hang timeout from measured runs.
 
 A supervised job times every target call it makes and, before each call, sets the limit
-the supervisor enforces for it (``parallel``'s flight record):
+the supervisor enforces for it once the target has hung (``supervisor``'s flight record):
 
 * a call of a layout whose shapes the target has run before in this process:
   ``MULTIPLE`` times the slowest call seen of its size class (the bit length of the
@@ -11,19 +11,19 @@ the supervisor enforces for it (``parallel``'s flight record):
   times the slowest such first call seen, and at least the above;
 * the first call of a process (a restarted job: imports, caches, compiles again):
   ``MULTIPLE`` times the slowest first call of a process seen, and at least the above;
-* before any call of the target has returned: the ceiling (``--timeout``; its first call
-  may compile: never a hang below it);
+* before any call of the target has returned: the ceiling (``--timeout``);
 
 never below ``FLOOR`` seconds (``COMPILE_FLOOR`` for a call that may compile, a first
-call of a new shape or process, once the process has seen the target's kernels compile:
-compile times vary with the shape and with the jobs compiling beside it) nor above the
-ceiling. A call past its limit is not yet a
-hang: until a target has a proven hang, each such call is run again under the ceiling
-(:func:`confirm_limit`; AFL re-runs a hang with a longer timeout likewise), so that a
-slow but returning call on a loaded machine is never reported; only one that does not
-return within the ceiling either is a ``timeout`` finding (the re-run's time is learned
-like any call's). What was learned lives in a plain
-array of floats (the job's shared flight record), so it survives the job's restarts.
+call of a new shape or process, once the process has seen the target's kernels compile)
+nor above the ceiling. Until a target has a call that did not return within the ceiling
+(a proven hang), the supervisor cuts its calls at the ceiling alone: a cut costs the job
+a restart (imports and every compile again), and a slow but returning call of a correct
+kernel (a loaded machine, a GPU shared by jobs, a compile for strides the shape key does
+not tell apart) is never a hang. From then on its later calls are cut at their calibrated
+limit, so that repeats of a hang cost seconds, and a hang's minimization gives each
+smaller candidate the calibrated limit (its result is proven past the ceiling again).
+What was learned lives in a plain array of floats (the job's shared flight record), so
+it survives the job's restarts.
 """
 
 from __future__ import annotations
@@ -134,13 +134,6 @@ class Calibration:
         return min(self.ceiling, max(self.floor, self.multiple * expect))
 
 
-def confirm_limit(limit: float, ceiling: float) -> float:
-    """The limit of the re-run that proves a call past ``limit`` a hang: the ceiling
-    (``--timeout``) itself, whatever the calibration said: a call that returns within
-    it is slow, never hung."""
-    return max(limit, ceiling)
-
-
 class _Slice:
     """``store[offset:]`` as a writable view (a shared array's slice is a copy)."""
 
@@ -183,7 +176,8 @@ def describe(store: MutableSequence[float], targets: list[str], ceiling: float, 
             "slowest_call_seconds": seconds(max(classes, default=0.0)),
         }
     return {"policy": f"{multiple:g}x the slowest call of its size class (of a first call "
-                      f"for a new shape or process), at least {floor:g} s, at most --timeout",
+                      f"for a new shape or process), at least {floor:g} s, at most --timeout; it "
+                      "cuts a target's calls once one has not returned within --timeout",
             "ceiling_seconds": ceiling, "floor_seconds": min(floor, ceiling),
             "multiple": multiple, "targets": per}
 
@@ -191,12 +185,10 @@ def describe(store: MutableSequence[float], targets: list[str], ceiling: float, 
 def note(summary: dict[str, Any]) -> str:
     """One summary line: the timeout in force per target."""
     parts = [f"{name} {t['in_force_seconds']:g} s" for name, t in summary["targets"].items()]
-    back = summary.get("rerun_returned", 0)
     return (f"calibrated per-call timeout ({summary['policy']}): in force at the end: "
-            + ", ".join(parts) + (f"; {back} call(s) past it returned when run again under a "
-                                  "longer limit: slow, not hung" if back else ""))
+            + ", ".join(parts))
 
 
 __all__ = ["CLASSES", "COMPILE_FLOOR", "FLOOR", "MULTIPLE", "Calibration",
-           "confirm_limit", "describe", "merged", "note", "shape_key", "size_class",
+           "describe", "merged", "note", "shape_key", "size_class",
            "store_size"]
