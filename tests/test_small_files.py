@@ -242,3 +242,41 @@ def test_a_finding_minimization_could_not_shrink_is_saved_small_once_a_run_confi
     assert "regenerated from recipes" in failure.note and "failed the same way" in failure.note
     assert failure.verdict.what == outcome.verdict.what
     assert _replays(path, planted.writes_unnamed_slot) == ("fail", "pass")
+
+
+def test_a_job_saves_a_big_finding_small_before_its_minimization_has_any_time(
+        tmp_path: Path) -> None:
+    """The job that finds a failure naming elements on a case over 1 MiB (a GPU-scale
+    layout) regenerates its float values from recipes and keeps that case when one run of
+    it there fails the same way: a finding cut from its minimization by the deadline is
+    saved under 1 MiB anyway, and replays failing."""
+    from kda_fuzz.campaign.channel import ExitReason, Stop
+    from kda_fuzz.campaign.findings import FindingSaver
+    from kda_fuzz.campaign.runner import Campaign
+    from kda_fuzz.campaign.spec import CampaignSpec
+    from kda_fuzz.engine.targets import Target
+
+    p = KdaLayout(B=64, H=2, HV=8, K=100, V=48, spare_slots=7, qkv_row_pad=3, slot_pad=5,
+                  guard=2, seed=3)
+    case = build(p, "triton")
+    assert corpus.encoded_size(case) > MiB
+    target = Target("tests.planted:wrong_gqa", planted.wrong_gqa)
+    outcome = run_case(KDA, case, target.fn)
+    assert outcome.status == "fail" and outcome.verdict.kind == "mismatch", outcome.verdict
+    c = Campaign(KDA, "triton", [target])
+    c._failed(case, outcome.verdict, target, pos=(0, 0, 0), index=0)
+    [failure] = c.report.failures
+    assert failure.case is not case and "one run of it failed the same way" in failure.note
+    assert failure.verdict.signature() == outcome.verdict.signature()
+    saver = FindingSaver(CampaignSpec.of(KDA, "triton", [], corpus=str(tmp_path), seed=1))
+    saver.request(Stop(ExitReason.DEADLINE))  # no time left to minimize
+    saver.found_inline(failure, None)
+    path = Path(failure.saved)
+    assert path.stat().st_size < MiB, path.stat().st_size
+    assert _replays(path, planted.wrong_gqa) == ("fail", "pass")
+    # a small case is kept as found (no run spent on it)
+    small = build(KdaLayout(B=2, H=2, HV=8, K=4, V=4, seed=1), "triton")
+    bad = run_case(KDA, small, target.fn)
+    c2 = Campaign(KDA, "triton", [target])
+    c2._failed(small, bad.verdict, target, pos=(0, 0, 0), index=0)
+    assert c2.report.failures[0].case is small

@@ -559,17 +559,33 @@ def compacted(case: Case, verdict: Verdict, run: Callable[[Case], Outcome]
     minimization: ``case`` with its bulky float values regenerated from recipes
     (:func:`values_from_recipes`) and the verdict on it, when one ``run`` of it fails the
     same way; None otherwise (a :class:`Cut` from ``run`` passes through)."""
-    small = values_from_recipes(case, limit=SMALL_FILE_BYTES)
+    small = compact_candidate(case)
     if small is None:
         return None
     try:
         outcome = run(small)
     except Exception:  # a candidate the oracle cannot handle is just not kept
         return None
-    if outcome.status == "fail" and _same(verdict, outcome.verdict):
-        assert outcome.verdict is not None
-        return small, outcome.verdict
-    return None
+    if not fails_the_same(verdict, outcome):
+        return None
+    assert outcome.verdict is not None
+    return small, outcome.verdict
+
+
+def compact_candidate(case: Case) -> Case | None:
+    """``case`` with its bulky float values regenerated from recipes when its file would
+    exceed the goal (:data:`SMALL_FILE_BYTES`), to be run before it replaces ``case``;
+    None when the file would not (a cheap test of its bytes first) or nothing changes."""
+    raw = sum(a.base.numel() * a.base.element_size() for a in case.tensors.values()
+              if a.device.type != "meta")
+    if raw * 4 // 3 <= SMALL_FILE_BYTES:  # (base64: the most a stored byte costs)
+        return None
+    return values_from_recipes(case, limit=SMALL_FILE_BYTES)
+
+
+def fails_the_same(verdict: Verdict, outcome: Outcome) -> bool:
+    """Whether ``outcome`` is a failure like ``verdict`` (the minimizer's sameness)."""
+    return outcome.status == "fail" and _same(verdict, outcome.verdict)
 
 
 def values_from_recipes(case: Case, limit: int = SMALL_FILE_BYTES // 2) -> Case | None:

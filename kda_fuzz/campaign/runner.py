@@ -20,7 +20,12 @@ from kda_fuzz.campaign import sanitizing
 from kda_fuzz.campaign.arms import Arm
 from kda_fuzz.campaign.channel import ExitReason, Stop
 from kda_fuzz.campaign.interleave import arm_before, cycle_of, in_turn_order, schedule
-from kda_fuzz.campaign.minimize import minimize_failure
+from kda_fuzz.campaign.minimize import (
+    NO_ELEMENT_KINDS,
+    compact_candidate,
+    fails_the_same,
+    minimize_failure,
+)
 from kda_fuzz.campaign.plan import campaign_plan, deal, plan
 from kda_fuzz.campaign.results import Failure, Report, minimizable
 from kda_fuzz.campaign.shard import shard_arms
@@ -176,6 +181,7 @@ class Campaign:
         self._largest: int | None = None  # the whole plan's largest arm (see arms)
         self._t0 = time.monotonic()
         self._nth = 0  # the number of the example being run (from 1)
+        self._deadline: float | None = self.options.deadline  # (run() sets it for good)
         self._sanitizer: sanitizing.SanitizerClient | None = None  # with options.sanitize
         self._sub_kinds = 0  # the most sub-batches of a case's signature seen (see _turn)
         self.steering = Steering(self.options.seed or 0,
@@ -644,6 +650,8 @@ class Campaign:
         if known is None and not confirmed and self.options.confirm_runs:
             failure = self._confirm(failure, target, pos, index)
             known = self._known(failure)
+        if known is None and pos is not None:
+            self._compact(failure, target, pos, index)
         if known is not None:
             known.count += 1
             if self.on_failure is not None:
@@ -661,6 +669,35 @@ class Campaign:
         self.report.failures.append(failure)
         if self.on_failure is not None:
             self.on_failure(failure, True)
+
+    def _compact(self, failure: Failure, target: Target, pos: Position, index: int) -> None:
+        """A new failure whose verdict names elements and whose case would make a file over
+        the goal (1 MiB; a GPU-scale layout): its bulky float values regenerated from
+        recipes, kept when one run of that case here (the target's kernels compiled, the
+        case on its device) fails the same way, so that it is saved small even when the
+        deadline leaves its minimization no time."""
+        if failure.verdict.kind in (*NO_ELEMENT_KINDS, "flaky"):
+            return
+        started = time.monotonic()
+        try:
+            small = compact_candidate(failure.case)
+        except Exception as e:  # (out of device memory, ...): it is saved as it stands
+            failure.add_note(f"values not regenerated: {type(e).__name__}: "
+                             f"{str(e).splitlines()[0] if str(e) else ''}")
+            return
+        if small is None:
+            return
+        spent = time.monotonic() - started
+        if self._deadline is not None and time.monotonic() + 4 * spent > self._deadline:
+            return  # no time for the run: the saver compacts it if it can
+        outcome = self._judge(pos, index, small, target)
+        if not fails_the_same(failure.verdict, outcome):
+            return
+        assert outcome.verdict is not None
+        failure.case, failure.verdict = small, outcome.verdict
+        failure.add_note("float values regenerated from recipes ("
+                         f"{', '.join(small.notes['values_regenerated'])}): the case was over "
+                         "1 MiB, and one run of it failed the same way")
 
     def _known(self, failure: Failure) -> Failure | None:
         sig = failure.signature
