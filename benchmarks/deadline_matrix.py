@@ -1,4 +1,5 @@
-"""Does ``kda-fuzz fuzz --max-seconds S`` end within max(5 s, 5 %) after S, with every flag?
+"""Does ``kda-fuzz fuzz --max-seconds S`` end within max(5 s, 5 %) after S, with every flag,
+with no finding on a correct kernel, every planted fault found and every file under 1 MiB?
 
 Runs the command line once per row of a matrix on cpu (the project's triton and helion
 kernels, the torch reference as a helion target, which has contract findings to minimize
@@ -10,10 +11,14 @@ hangs), each with a corpus in a temporary folder, and prints per command its wal
 run has its example database filled first (untimed). Flags: ``OVER`` past the allowance,
 ``KILLED`` (the benchmark had to), ``LEFTOVER`` (its processes outlived it by more than
 ``LEFTOVER_GRACE``), ``ERROR`` (it exited with a usage or internal error, 2), ``LOST``
-(fewer corpus files than the failures its JSON summary counts). Run from the repository
-root:
+(fewer corpus files than the failures its JSON summary counts), ``FALSE`` (a finding on a
+correct kernel), ``MISSED`` (no finding on a planted fault), ``BIG`` (a saved file of 1 MiB
+or more). With ``--device cuda`` the rows are ``GPU_MATRIX``'s: the project's kernels with
+every GPU flag and the planted GPU faults (sanitizer, GPU scale, other configs, CUDA
+graphs). Run from the repository root:
 
-    python benchmarks/deadline_matrix.py [--max-seconds 20] [--only NAME ...] [--list]
+    python benchmarks/deadline_matrix.py [--device cpu|cuda] [--max-seconds 20]
+        [--only NAME ...] [--list]
         [--load N (N busy processes beside the commands: a machine others use too)]
 
 Exit status 1 when any row is flagged.
@@ -36,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = "kda_fuzz_kernels.kda_decode:reference_kda_packed_decode"
 LEFTOVER_GRACE = 3.0  # seconds the command's other processes may outlive it
 LONG = ("--shrink-seconds", "600")  # minimization that would outlast any deadline
+MiB = 1 << 20
 
 # name -> the command's arguments after ``fuzz`` (--device cpu, --max-seconds, --corpus,
 # --max-examples and --seed are added to every row)
@@ -74,6 +80,31 @@ MATRIX: dict[str, tuple[str, ...]] = {
     "exampledb-hangs-j2": ("--target", "tests.hostile_targets:hangs_past_64_rows",
                            "--contract", "helion", "-j", "2", "--example-db", "{tmp}/db",
                            *LONG),
+}
+# on cuda (--jobs auto): the project's correct kernels under every GPU flag, and planted faults
+GPU_FLAGS = ("--cuda-graphs", "--invariance", "bitwise", "--sanitize", "memcheck")
+GPU_MATRIX: dict[str, tuple[str, ...]] = {
+    "triton-every-flag": ("--contract", "triton", *GPU_FLAGS),
+    "helion-configs": ("--contract", "helion", "--helion-configs", "6"),
+    "helion-every-flag": ("--contract", "helion", *GPU_FLAGS, "--helion-configs", "2"),
+    "reads-past-sanitize": ("--target", "tests.gpu_targets:reads_past_the_indices",
+                            "--contract", "triton", "--sanitize", "memcheck"),
+    "grid-y-scale": ("--target", "tests.gpu_targets:grid_y_rows_heads", "--contract",
+                     "triton"),
+    "config-bug": ("--target", "tests.helion_config_bug:decode", "--contract", "helion",
+                   "--helion-configs", "4"),
+    "gates-graphs": ("--target", "tests.gpu_targets:remembers_its_gates", "--contract",
+                     "triton", "--cuda-graphs"),
+}
+# what each row must give: no finding ("clean") or at least one ("finds"); rows not named
+# are judged on time, errors and lost or big files only
+EXPECT: dict[str, str] = {
+    "triton-j1": "clean", "triton-j2-bitwise": "clean", "helion-j1-configs": "clean",
+    "helion-j2-bitwise-configs": "clean", "helion-noisolate-bitwise": "clean",
+    "reference-j1-shrink": "finds",  # (a first hang is proven only past --timeout, 60 s)
+    "aborts-j2": "finds", "triton-every-flag": "clean", "helion-configs": "clean",
+    "helion-every-flag": "clean", "reads-past-sanitize": "finds", "grid-y-scale": "finds",
+    "config-bug": "finds", "gates-graphs": "finds",
 }
 # rows whose database or corpus a first, untimed run fills (its own arguments)
 SETUP: dict[str, tuple[str, ...]] = {
@@ -115,16 +146,17 @@ def _leftover(pgid: int, grace: float) -> list[str]:
         time.sleep(0.1)
 
 
-def run_row(name: str, extra: tuple[str, ...], seconds: float, kill_after: float
-            ) -> dict[str, Any]:
+def run_row(name: str, extra: tuple[str, ...], seconds: float, kill_after: float,
+            device: str = "cpu") -> dict[str, Any]:
     """Run one row (after its ``SETUP`` run, if any); its wall time, exit code and flags."""
     with tempfile.TemporaryDirectory(prefix=f"deadline-{name}-") as tmp:
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
         if name in SETUP:
             subprocess.run([sys.executable, "-m", "kda_fuzz", "fuzz", "--device", "cpu",
                             "--seed", "2", *(a.format(tmp=tmp) for a in SETUP[name])],
                            cwd=ROOT, env=env, capture_output=True, timeout=kill_after)
-        cmd = [sys.executable, "-m", "kda_fuzz", "fuzz", "--device", "cpu", "--max-seconds",
+        cmd = [sys.executable, "-m", "kda_fuzz", "fuzz", "--device", device, "--max-seconds",
                f"{seconds:g}", "--max-examples", "1000000", "--seed", "1", "--json",
                "--corpus", str(Path(tmp) / "corpus"), *(a.format(tmp=tmp) for a in extra)]
         err_path, out_path = Path(tmp) / "stderr.txt", Path(tmp) / "stdout.txt"
@@ -144,7 +176,8 @@ def run_row(name: str, extra: tuple[str, ...], seconds: float, kill_after: float
         leftover = _leftover(proc.pid, LEFTOVER_GRACE)
         if leftover:
             os.killpg(proc.pid, signal.SIGKILL)
-        saved = len(list((Path(tmp) / "corpus").rglob("*.json")))
+        files = list((Path(tmp) / "corpus").rglob("*.json"))
+        saved, largest = len(files), max((f.stat().st_size for f in files), default=0)
         tail = err_path.read_text().strip().splitlines()[-3:]
         lines = out_path.read_text().strip().splitlines()
         try:
@@ -154,16 +187,20 @@ def run_row(name: str, extra: tuple[str, ...], seconds: float, kill_after: float
     over = wall - seconds
     error = not killed and proc.returncode not in (0, 1)  # a usage or internal error
     lost = failures is not None and saved < failures  # a confirmed failure not saved
+    expect = EXPECT.get(name)
     flags = [f for f, on in (("KILLED", killed), ("OVER", over > allowance(seconds)),
                              ("LEFTOVER", bool(leftover)), ("ERROR", error),
-                             ("LOST", lost)) if on]
+                             ("LOST", lost), ("BIG", largest >= MiB),
+                             ("FALSE", expect == "clean" and bool(failures)),
+                             ("MISSED", expect == "finds" and not failures)) if on]
     return {"name": name, "wall": wall, "rc": None if killed else proc.returncode,
-            "over": over, "saved": saved, "failures": failures, "flags": flags,
-            "tail": tail + [f"left: {c}" for c in leftover]}
+            "over": over, "saved": saved, "largest": largest, "failures": failures,
+            "flags": flags, "tail": tail + [f"left: {c}" for c in leftover]}
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cpu", help="cpu (MATRIX) or cuda[:N] (GPU_MATRIX)")
     p.add_argument("--max-seconds", type=float, default=20.0)
     p.add_argument("--only", nargs="*", help="rows to run (names, or prefixes of names)")
     p.add_argument("--list", action="store_true", help="print the rows and their flags")
@@ -172,7 +209,8 @@ def main() -> int:
     p.add_argument("--load", type=int, default=0,
                    help="busy processes to run beside the commands (default 0)")
     args = p.parse_args()
-    rows = {n: a for n, a in MATRIX.items()
+    matrix = MATRIX if args.device == "cpu" else GPU_MATRIX
+    rows = {n: a for n, a in matrix.items()
             if not args.only or any(n.startswith(o) for o in args.only)}
     if args.list:
         for n, a in rows.items():
@@ -187,7 +225,7 @@ def main() -> int:
                for _ in range(args.load)]
     try:
         for name, extra in rows.items():
-            bad += _report(name, run_row(name, extra, s, kill_after))
+            bad += _report(name, run_row(name, extra, s, kill_after, args.device))
     finally:
         for b in burners:
             b.kill()
@@ -202,7 +240,8 @@ def _report(name: str, r: dict[str, Any]) -> list[str]:
     rc = "-" if r["rc"] is None else r["rc"]
     print(f"{name:32s} wall {r['wall']:6.1f} s  rc {rc!s:>3}  over {r['over']:+6.1f} s  "
           f"failures {r['failures'] if r['failures'] is not None else '-'!s:>2} saved "
-          f"{r['saved']:2d}  {' '.join(r['flags'])}", flush=True)
+          f"{r['saved']:2d} largest {r['largest'] / 1024:7.1f} kB  {' '.join(r['flags'])}",
+          flush=True)
     if not r["flags"]:
         return []
     for line in r["tail"]:

@@ -68,7 +68,14 @@ from kda_fuzz.engine.oracle import EnvironmentFailure, device_error
 from kda_fuzz.engine.targets import Target, load_target
 from kda_fuzz.engine.verdict import Verdict
 from kda_fuzz.execution import compiles
-from kda_fuzz.workers.process import exit_with_parent, how_it_ended, worker_context, worker_process
+from kda_fuzz.workers.process import (
+    exit_with_parent,
+    forget,
+    how_it_ended,
+    kill_tree,
+    worker_context,
+    worker_process,
+)
 
 JOBS_PER_GPU = 4  # xdist workers sharing one GPU
 PROGRESS_EVERY = 0.25  # seconds between a job's progress messages
@@ -404,7 +411,8 @@ class Supervisor:
                 until = min(until, max(self.hard_deadline, time.monotonic() + 0.5))
             for s in self.states:
                 s.proc.join(timeout=max(0.0, until - time.monotonic()))
-            _kill_all([s.proc for s in self.states if s.proc.is_alive()])
+            _kill_all([s.proc for s in self.states if s.proc.is_alive()],
+                      by=self.spec.budget.end)
         said: dict[str, list[int]] = {}  # a job's note -> the jobs that made it
         for s in self.states:
             stopped = s.summary.get("stopped")
@@ -581,7 +589,7 @@ class Supervisor:
         # slow call of a correct kernel on a loaded machine or a shared GPU
         limit = calibrated if int(r[TARGET]) in self._hung_targets else self.timeout
         if r[STATE] == CALLING and now - r[SINCE] > limit and s.proc.is_alive():
-            s.proc.kill()
+            kill_tree(s.proc)
             s.proc.join(timeout=10)
             self._drain(0.0)
             self._hung(s, limit, calibrated)
@@ -647,15 +655,20 @@ class Supervisor:
         self._start(spec, s)
 
 
-def _kill_all(procs: list[Any], wait: float = 5.0) -> None:
+def _kill_all(procs: list[Any], wait: float = 5.0, by: float | None = None) -> None:
     """Kill every process of ``procs`` first, then wait for them together (``wait``
-    seconds in all, not each)."""
+    seconds in all, not each, and never past ``by``, less the wrap-up's half second: a
+    killed GPU job can take seconds to give its memory back). One still there then is
+    left to end on its own, not waited for again at this process's exit."""
     for p in procs:
+        kill_tree(p)
+    now = time.monotonic()
+    until = now + wait if by is None else min(now + wait, max(now + 0.2, by - 0.5))
+    for p in procs:
+        p.join(timeout=max(0.0, until - now))
+        now = time.monotonic()
         if p.is_alive():
-            p.kill()
-    until = time.monotonic() + wait
-    for p in procs:
-        p.join(timeout=max(0.0, until - time.monotonic()))
+            forget(p)
 
 
 

@@ -7,12 +7,16 @@ RUNTIMES = ("triton", "helion")
 
 # What each kernel library imports that starts nothing on a device when imported: a fork
 # server may import these where a GPU is visible, so that its workers do not import them
-# each (seconds apiece, tens where Python may not write bytecode: Triton, TorchDynamo and
-# the scikit-learn of Helion's autotuner). The library itself is left to the workers.
+# each (seconds apiece where Python may not write bytecode). The library itself is left to
+# the workers, and so are TorchDynamo, Inductor and the scikit-learn of Helion's autotuner:
+# with those imported by the fork server (974f32d), Helion campaigns on an H100 saw their
+# jobs stop in the middle of an example until the deadline killed them (job samples: every
+# job's main thread silent after 9 of 35 s, 20 examples in a 40 s campaign, against 1,605
+# for a tree whose jobs import them themselves; the Triton contract, which preloads Triton
+# alone, ran at 0.97x of it on the same start).
 DEVICE_FREE_IMPORTS = {
     "triton": ("triton", "triton.language", "triton.runtime.jit"),
-    "helion": ("triton", "triton.language", "triton.runtime.jit", "torch._dynamo",
-               "torch._inductor.runtime.hints", "sklearn.ensemble"),
+    "helion": ("triton", "triton.language", "triton.runtime.jit"),
 }
 
 

@@ -90,6 +90,52 @@ def _in_environment(env: dict[str, str], fn: Callable[..., Any], args: tuple[Any
     fn(*args)
 
 
+def descendants(pid: int) -> list[int]:
+    """The processes ``pid`` started, and theirs (Linux ``/proc``; none elsewhere)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def kill_tree(proc: BaseProcess) -> None:
+    """Kill a worker and what it started (a compiler it waits for, ``ptxas``, would
+    outlive it by seconds, and the command with it)."""
+    if proc.pid is None or not proc.is_alive():
+        return
+    below = descendants(proc.pid)
+    proc.kill()
+    for pid in below:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:  # gone already
+            pass
+
+
+def forget(proc: BaseProcess) -> None:
+    """Leave a killed worker that has not ended yet to end on its own: multiprocessing's
+    exit handler would otherwise wait for it (a GPU process's teardown takes seconds)."""
+    children = getattr(mp.process, "_children", None)  # (its set of children to join)
+    if isinstance(children, set):
+        children.discard(proc)
+
+
 def exit_with_parent() -> None:
     """End this process soon after the process that started it is gone (killed, crashed)."""
     parent = os.getppid()

@@ -1,0 +1,141 @@
+"""Killing a campaign's workers: what they started dies with them, and a killed worker that
+is slow to end holds up neither the supervisor past its instant nor the process's exit."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kda_fuzz.campaign import supervisor
+from kda_fuzz.workers.process import descendants, kill_tree, worker_context, worker_process
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
+
+
+def _starts_a_compiler(pid_file: str) -> None:
+    """A worker waiting on a long child process, as a job waits on ptxas."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    Path(pid_file).write_text(str(child.pid))
+    child.wait()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _wait_for(path: Path, seconds: float = 30.0) -> int:
+    end = time.monotonic() + seconds
+    while not (path.exists() and path.read_text()):
+        assert time.monotonic() < end, "the worker did not start its child"
+        time.sleep(0.05)
+    return int(path.read_text())
+
+
+def test_kill_tree_ends_what_the_worker_started(tmp_path: Path) -> None:
+    pid_file = tmp_path / "child"
+    proc = worker_process(worker_context(), _starts_a_compiler, (str(pid_file),))
+    proc.start()
+    child = _wait_for(pid_file)
+    assert child in descendants(proc.pid)
+    kill_tree(proc)
+    proc.join(timeout=10)
+    end = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < end:
+        time.sleep(0.05)
+    assert not proc.is_alive() and not _alive(child)
+
+
+def test_a_plain_kill_would_leave_the_child(tmp_path: Path) -> None:
+    """(What kill_tree is for: the child outlives a worker killed alone.)"""
+    pid_file = tmp_path / "child"
+    proc = worker_process(worker_context(), _starts_a_compiler, (str(pid_file),))
+    proc.start()
+    child = _wait_for(pid_file)
+    proc.kill()
+    proc.join(timeout=10)
+    time.sleep(0.3)
+    try:
+        assert _alive(child)
+    finally:
+        os.kill(child, 9)
+
+
+class _SlowToDie:
+    """A process handle whose process takes a while to end once killed (a GPU job giving
+    its memory back)."""
+
+    pid = None
+
+    def __init__(self, seconds: float) -> None:
+        self.killed_at: float | None = None
+        self.seconds = seconds
+        self.joined = 0.0
+
+    def is_alive(self) -> bool:
+        return self.killed_at is None or time.monotonic() < self.killed_at + self.seconds
+
+    def kill(self) -> None:
+        self.killed_at = time.monotonic()
+
+    def join(self, timeout: float | None = None) -> None:
+        t = time.monotonic()
+        time.sleep(min(timeout or 0.0, max(0.0, self.killed_at + self.seconds - t)))
+        self.joined += time.monotonic() - t
+
+
+def test_the_supervisor_waits_for_killed_jobs_only_until_its_instant(monkeypatch) -> None:
+    forgotten = []
+    monkeypatch.setattr(supervisor, "kill_tree", lambda p: p.kill())
+    monkeypatch.setattr(supervisor, "forget", forgotten.append)
+    procs = [_SlowToDie(30.0) for _ in range(3)]
+    t0 = time.monotonic()
+    supervisor._kill_all(procs, by=t0 + 1.5)  # (its wrap-up's half second before that)
+    took = time.monotonic() - t0
+    assert 0.9 <= took < 1.5, took
+    assert all(p.killed_at is not None for p in procs)
+    assert forgotten == procs  # not joined again at exit
+    # without an instant, 5 s in all for every process together
+    quick = [_SlowToDie(0.2) for _ in range(3)]
+    forgotten.clear()
+    supervisor._kill_all(quick)
+    assert forgotten == [] and all(not p.is_alive() for p in quick)
+
+
+def _sleeps() -> None:
+    time.sleep(60)
+
+
+def test_a_forgotten_worker_is_not_joined_at_exit() -> None:
+    import multiprocessing as mp
+
+    from kda_fuzz.workers.process import forget
+
+    proc = worker_process(worker_context(), _sleeps, ())
+    proc.start()
+    try:
+        assert proc in mp.active_children()
+        forget(proc)
+        assert proc not in mp.active_children()  # the exit handler joins these only
+    finally:
+        proc.kill()
+        proc.join(timeout=10)
+
+
+def test_the_fork_server_leaves_dynamo_inductor_and_sklearn_to_the_jobs() -> None:
+    """Where a GPU is visible the fork server imports only what starts nothing a fork
+    breaks: with TorchDynamo, Inductor and scikit-learn imported there, Helion campaigns'
+    jobs stopped in the middle of an example until the deadline (see DEVICE_FREE_IMPORTS)."""
+    from kda_fuzz.execution import DEVICE_FREE_IMPORTS
+
+    preloaded = {m for mods in DEVICE_FREE_IMPORTS.values() for m in mods}
+    assert preloaded and not {m for m in preloaded
+                              if m.startswith(("torch._dynamo", "torch._inductor", "sklearn"))}
