@@ -4,6 +4,7 @@ pool past a size) and shrinks the rest; a finding is never dropped for its size.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -274,6 +275,12 @@ def test_a_job_saves_a_big_finding_small_before_its_minimization_has_any_time(
     path = Path(failure.saved)
     assert path.stat().st_size < MiB, path.stat().st_size
     assert _replays(path, planted.wrong_gqa) == ("fail", "pass")
+    # near the jobs' deadline it is sent as found: a job killed in the middle of the run
+    # would lose it
+    late = Campaign(KDA, "triton", [target])
+    late._deadline = time.monotonic() + 2.0
+    late._failed(case, outcome.verdict, target, pos=(0, 0, 0), index=0)
+    assert late.report.failures[0].case is case
     # a small case is kept as found (no run spent on it)
     small = build(KdaLayout(B=2, H=2, HV=8, K=4, V=4, seed=1), "triton")
     bad = run_case(KDA, small, target.fn)

@@ -126,6 +126,11 @@ class Recorder:
 _LEAD = st.integers(0, 255)  # the first draw of a costly arm's example (Campaign._body_drawn)
 
 
+# seconds before the jobs' deadline under which a new big finding is sent as found, not
+# first run again with regenerated values (a GPU-scale case's run takes seconds)
+COMPACT_MARGIN = 5.0
+
+
 class Campaign:
     """One fuzz campaign over a contract variant: a plan of arms run through Hypothesis,
     every case judged on every target, distinct failures kept (with repeat counts) until
@@ -688,8 +693,12 @@ class Campaign:
         if small is None:
             return
         spent = time.monotonic() - started
-        if self._deadline is not None and time.monotonic() + 4 * spent > self._deadline:
-            return  # no time for the run: the saver compacts it if it can
+        if self._deadline is not None \
+                and time.monotonic() + max(COMPACT_MARGIN, 4 * spent) > self._deadline:
+            # no time for the run (the failure is sent only after it: a job killed at the
+            # deadline in the middle of it would lose the finding); the saver compacts it
+            # if it can
+            return
         outcome = self._judge(pos, index, small, target)
         if not fails_the_same(failure.verdict, outcome):
             return
