@@ -308,9 +308,12 @@ def _fuzz_parser(sub: Any, knobs: Sequence[Any] | None = None) -> None:
                         "on cuda, one per core on cpu; default: auto on cuda, 1 on cpu)")
     i.add_argument("--timeout", type=float, default=60.0, metavar="S",
                    help="the most seconds a target may take on one case before it counts as "
-                        "a hang (default 60); isolated campaigns calibrate a shorter limit "
-                        "per call: 10x the slowest call of its size class seen (of a first "
-                        "call for a new shape or process), at least 10 s")
+                        "a hang (default 60; isolated campaigns run a target's first such "
+                        "call again in a fresh process: a hang only if it does not return "
+                        "there either); once a target has hung, its later calls are cut at a "
+                        "calibrated limit: 10x the slowest call of its size class seen (of a "
+                        "first call for a new shape or process), at least 2 s (10 s where it "
+                        "may compile)")
     i.add_argument("--no-isolate", action="store_true",
                    help="no flight record: with one job, run targets in this process; with "
                         "--jobs N, a crash or hang of a target ends the run (default: "

@@ -53,6 +53,8 @@ def test_a_fault_on_some_layouts_is_saved_and_the_whole_budget_runs(
         # at the calibrated limit, far below --timeout's minute
         limits = summary["timeout"]["hang_limits_seconds"]
         assert 60 in limits and all(x < 30 for x in limits if x != 60), limits
+        # proven by a re-run in a fresh process, which did not return either
+        assert summary["timeout"]["rerun"] == summary["timeout"]["rerun_hung"] == 1
         if faults[0]["count"] > 1:
             assert any(x < 30 for x in limits), limits
         # minimized with the calibrated limit, then proven past the ceiling
@@ -88,3 +90,28 @@ def test_a_slow_call_of_a_correct_target_is_never_cut_before_the_ceiling(
     assert summary["failures"] == 0 and not (tmp_path / "corpus").exists()
     t = summary["timeout"]
     assert t["restarts"] == 0 and t["hangs"] == 0, t
+
+
+def test_a_call_past_the_ceiling_that_returns_when_run_again_is_no_finding(
+        tmp_path: Path) -> None:
+    """A correct target whose one call stalls past --timeout (2 s here) once: the call is
+    run again in a fresh process, where it returns: no finding, the summary says so; a
+    target that hangs every time is still found (test above, tests/test_isolation.py)."""
+    stalls = tmp_path / "stalls"
+    stalls.mkdir()
+    env = {**ENV, "KDA_FUZZ_TEST_STALL_DIR": str(stalls)}
+    r = subprocess.run([sys.executable, "-m", "kda_fuzz", "fuzz", "--target",
+                        "tests.slow_targets:stalls_once_past_the_ceiling", "--contract",
+                        "triton", "--max-examples", "150", "--seed", "1", "--valid-share", "1",
+                        "--budget", "262144", "--timeout", "2",
+                        "--corpus", str(tmp_path / "corpus"), "--json"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=WALL)
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = _summary(r)
+    assert len(list(stalls.iterdir())) == 1  # the stall happened
+    assert summary["failures"] == 0 and not (tmp_path / "corpus").exists()
+    t = summary["timeout"]
+    assert t["rerun"] == 1 and t["rerun_hung"] == 0 and t["hangs"] == 0, t
+    assert t["restarts"] == 1, t  # the re-run's
+    assert any("1 call(s) past --timeout ran again in a fresh process, 0 of them" in n
+               for n in summary["notes"]), summary["notes"]

@@ -332,7 +332,11 @@ class Supervisor:
         self.states: list[_JobState] = []
         self.restarts = 0
         self.hang_limits: list[float] = []  # the limit in force at each hang
-        self._hung_targets: set[int] = set()  # targets with a call past the ceiling
+        self._hung_targets: set[int] = set()  # targets with a proven hang
+        # (job, position) of first calls past the ceiling run again in a fresh process, and
+        # how many of those did not return again either
+        self._reran: set[tuple[int, Position]] = set()
+        self.rerun_hung = 0
         self._t0 = 0.0
 
     # ------------------------------------------------------------------ lifecycle
@@ -492,6 +496,8 @@ class Supervisor:
         out["hangs"] = len(self.hang_limits)
         out["hang_limits_seconds"] = sorted({round(x, 3) for x in self.hang_limits})
         out["restarts"] = self.restarts  # of jobs, after a crash or hang
+        out["rerun"] = len(self._reran)  # first calls past the ceiling run again
+        out["rerun_hung"] = self.rerun_hung  # of those, the ones that did not return again
         return out
 
     def summaries(self) -> list[dict[str, Any]]:
@@ -612,47 +618,66 @@ class Supervisor:
             raise JobError(f"campaign job {s.spec.index} died outside a target call "
                            f"({ended}): the fuzzer's own failure")
         if r[STATE] == FAULTED or s.fault:
-            self._restart(s, "crash", "device-fault", f"the device faulted: {s.fault}")
+            self._restart(s, Verdict("crash", "device-fault", f"the device faulted: {s.fault}"))
         elif r[STATE] == JUDGING:
-            self._restart(s, "crash", "process-died",
-                          f"the process died after the target returned, while its results "
-                          f"were judged ({ended}); memory corrupted?")
+            self._restart(s, Verdict(
+                "crash", "process-died", f"the process died after the target returned, while "
+                f"its results were judged ({ended}); memory corrupted?"))
         else:
-            self._restart(s, "crash", "process-died",
-                          f"the process running the target died ({ended})")
+            self._restart(s, Verdict("crash", "process-died",
+                                     f"the process running the target died ({ended})"))
 
     def _hung(self, s: _JobState, limit: float, calibrated: float) -> None:
         """The job's call did not return within ``limit`` (the ceiling, or once its target
-        has hung past the ceiling, the call's ``calibrated`` limit): a ``timeout`` finding,
-        whose smaller variants get the ``calibrated`` limit while it is minimized (the
-        minimized case is proven past the ceiling before it replaces the one found)."""
-        self._hung_targets.add(int(s.record[TARGET]))
+        has a proven hang, the call's ``calibrated`` limit). Until the target has one, such
+        a call is run again in a fresh process under the ceiling (the job restarts from its
+        last progress and draws the same case): one that returns there is slow, or was
+        stalled by the machine (a GPU shared with other processes, a loaded host, a library
+        that deadlocked in the process), never a finding. A call that does not return again
+        either, or a later one cut at its calibrated limit, is a ``timeout`` finding, whose
+        smaller variants get the ``calibrated`` limit while it is minimized (the minimized
+        case is proven past the ceiling before it replaces the one found)."""
+        target, here = int(s.record[TARGET]), (s.spec.index, _position(s.record))
+        if target not in self._hung_targets and here not in self._reran:
+            self._reran.add(here)
+            self._restart(s)
+            return
+        again = here in self._reran
+        self.rerun_hung += again
+        self._hung_targets.add(target)
         self.hang_limits.append(limit)
-        how = "" if limit >= self.timeout else (
-            " (its calibrated per-call timeout: the target had not returned within "
-            f"--timeout {self.timeout:g} s before)")
-        self._restart(s, "timeout", "no-return", f"did not return within {limit:.3g} s{how}",
-                      limit_seconds=round(calibrated, 3))
+        how = " twice (the second time in a fresh process)" if again else ""
+        if limit < self.timeout:
+            how = (" (its calibrated per-call timeout: the target has a proven hang past "
+                   f"--timeout {self.timeout:g} s)")
+        self._restart(s, Verdict("timeout", "no-return",
+                                 f"did not return within {limit:.3g} s{how}",
+                                 limit_seconds=round(calibrated, 3)))
 
-    def _restart(self, s: _JobState, kind: str, what: str, detail: str, *,
-                 limit_seconds: float | None = None) -> None:
-        """Record the hard fault at the job's flight position and start the job again from
-        its last progress message."""
+    def _restart(self, s: _JobState, fault: Verdict | None = None) -> None:
+        """Start the job again from its last progress message, ``fault`` (a crash or hang)
+        recorded at its flight position (None: that position's call runs again)."""
         r = s.record
-        pos: Position = (int(r[ROUND]), int(r[ARM]), int(r[EXAMPLE]))
+        pos = _position(r)
         target = int(r[TARGET])
         resume = s.snapshot if s.snapshot is not None and s.snapshot[0] <= pos else None
         start = resume[0] if resume is not None else (-1, 0, 0)
         hard = {p: h for p, h in s.spec.hard.items() if p >= start}
-        # (config_alternative: the call ran under other kernel configs, Recorder.alternative)
-        hard[pos] = (target, Verdict(
-            kind, what, detail, limit_seconds=limit_seconds,  # type: ignore[arg-type]
-            config_alternative=int(r[CONFIGS]) - 1 if r[CONFIGS] > 0 else None))
+        if fault is not None:
+            # (config_alternative: the call ran under other kernel configs,
+            # Recorder.alternative)
+            hard[pos] = (target, replace(fault, config_alternative=(
+                int(r[CONFIGS]) - 1 if r[CONFIGS] > 0 else None)))
         s.restarts += 1
         self.restarts += 1
         seen = frozenset(self._kept)
         spec = Job(**{**s.spec.__dict__, "resume": resume, "hard": hard, "seen": seen})
         self._start(spec, s)
+
+
+def _position(record: Any) -> Position:
+    """The flight record's position: where its job stands."""
+    return int(record[ROUND]), int(record[ARM]), int(record[EXAMPLE])
 
 
 def _kill_all(procs: list[Any], wait: float = 5.0, by: float | None = None) -> None:

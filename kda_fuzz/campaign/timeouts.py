@@ -15,13 +15,15 @@ the supervisor enforces for it once the target has hung (``supervisor``'s flight
 
 never below ``FLOOR`` seconds (``COMPILE_FLOOR`` for a call that may compile, a first
 call of a new shape or process, once the process has seen the target's kernels compile)
-nor above the ceiling. Until a target has a call that did not return within the ceiling
-(a proven hang), the supervisor cuts its calls at the ceiling alone: a cut costs the job
-a restart (imports and every compile again), and a slow but returning call of a correct
-kernel (a loaded machine, a GPU shared by jobs, a compile for strides the shape key does
-not tell apart) is never a hang. From then on its later calls are cut at their calibrated
-limit, so that repeats of a hang cost seconds, and a hang's minimization gives each
-smaller candidate the calibrated limit (its result is proven past the ceiling again).
+nor above the ceiling. Until a target has a proven hang, the supervisor cuts its calls at
+the ceiling alone: a cut costs the job a restart (imports and every compile again), and a
+slow but returning call of a correct kernel (a loaded machine, a GPU shared by jobs, a
+compile for strides the shape key does not tell apart) is never a hang. A first call past
+the ceiling is run again in a fresh process under the ceiling; only one that does not
+return there either is a proven hang (a stall of the machine does not come back). From
+then on its later calls are cut at their calibrated limit, so that repeats of a hang cost
+seconds, and a hang's minimization gives each smaller candidate the calibrated limit (its
+result is proven past the ceiling again).
 What was learned lives in a plain array of floats (the job's shared flight record), so
 it survives the job's restarts.
 """
@@ -185,8 +187,12 @@ def describe(store: MutableSequence[float], targets: list[str], ceiling: float, 
 def note(summary: dict[str, Any]) -> str:
     """One summary line: the timeout in force per target."""
     parts = [f"{name} {t['in_force_seconds']:g} s" for name, t in summary["targets"].items()]
+    rerun, hung = summary.get("rerun", 0), summary.get("rerun_hung", 0)
+    again = (f"; {rerun} call(s) past --timeout ran again in a fresh process, {hung} of them "
+             "did not return again (the others returned, or the campaign ended first: not "
+             "findings)") if rerun else ""
     return (f"calibrated per-call timeout ({summary['policy']}): in force at the end: "
-            + ", ".join(parts))
+            + ", ".join(parts) + again)
 
 
 __all__ = ["CLASSES", "COMPILE_FLOOR", "FLOOR", "MULTIPLE", "Calibration",
