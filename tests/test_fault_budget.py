@@ -70,24 +70,32 @@ def test_a_fault_on_some_layouts_is_saved_and_the_whole_budget_runs(
     assert good.returncode == 0, good.stdout + good.stderr
 
 
+def _stalled_campaign(tmp_path: Path, target: str, stalls: int,
+                      extra: tuple[str, ...] = ()) -> dict:
+    """A campaign of 150 valid examples against a correct target of tests/slow_targets.py
+    that stalls ``stalls`` times: it exits 0 with no finding saved; its summary."""
+    where = tmp_path / "stalls"
+    where.mkdir()
+    env = {**ENV, "KDA_FUZZ_TEST_STALL_DIR": str(where)}
+    r = subprocess.run([sys.executable, "-m", "kda_fuzz", "fuzz", "--target",
+                        f"tests.slow_targets:{target}", "--contract", "triton",
+                        "--max-examples", "150", "--seed", "1", "--valid-share", "1",
+                        "--budget", "262144",  # (no sizing probes: the stalls are for the jobs)
+                        "--corpus", str(tmp_path / "corpus"), "--json", *extra], cwd=ROOT,
+                       env=env, capture_output=True, text=True, timeout=WALL)
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = _summary(r)
+    assert len(list(where.iterdir())) == stalls  # every stall happened
+    assert summary["failures"] == 0 and not (tmp_path / "corpus").exists()
+    return summary
+
+
 def test_a_slow_call_of_a_correct_target_is_never_cut_before_the_ceiling(
         tmp_path: Path) -> None:
     """A correct target whose first two calls on larger batches stall for 3 s (past the
     2 s floor of a fast target's calibrated limit): neither is cut (no restart, no
     finding): only a call past --timeout is a hang."""
-    stalls = tmp_path / "stalls"
-    stalls.mkdir()
-    env = {**ENV, "KDA_FUZZ_TEST_STALL_DIR": str(stalls)}
-    r = subprocess.run([sys.executable, "-m", "kda_fuzz", "fuzz", "--target",
-                        "tests.slow_targets:stalls_twice", "--contract", "triton",
-                        "--max-examples", "150", "--seed", "1", "--valid-share", "1",
-                        "--budget", "262144",  # (no sizing probes: the stalls are for the jobs)
-                        "--corpus", str(tmp_path / "corpus"), "--json"], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=WALL)
-    assert r.returncode == 0, r.stderr[-3000:]
-    summary = _summary(r)
-    assert len(list(stalls.iterdir())) == 2  # both stalls happened
-    assert summary["failures"] == 0 and not (tmp_path / "corpus").exists()
+    summary = _stalled_campaign(tmp_path, "stalls_twice", stalls=2)
     t = summary["timeout"]
     assert t["restarts"] == 0 and t["hangs"] == 0, t
 
@@ -97,19 +105,8 @@ def test_a_call_past_the_ceiling_that_returns_when_run_again_is_no_finding(
     """A correct target whose one call stalls past --timeout (2 s here) once: the call is
     run again in a fresh process, where it returns: no finding, the summary says so; a
     target that hangs every time is still found (test above, tests/test_isolation.py)."""
-    stalls = tmp_path / "stalls"
-    stalls.mkdir()
-    env = {**ENV, "KDA_FUZZ_TEST_STALL_DIR": str(stalls)}
-    r = subprocess.run([sys.executable, "-m", "kda_fuzz", "fuzz", "--target",
-                        "tests.slow_targets:stalls_once_past_the_ceiling", "--contract",
-                        "triton", "--max-examples", "150", "--seed", "1", "--valid-share", "1",
-                        "--budget", "262144", "--timeout", "2",
-                        "--corpus", str(tmp_path / "corpus"), "--json"], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=WALL)
-    assert r.returncode == 0, r.stderr[-3000:]
-    summary = _summary(r)
-    assert len(list(stalls.iterdir())) == 1  # the stall happened
-    assert summary["failures"] == 0 and not (tmp_path / "corpus").exists()
+    summary = _stalled_campaign(tmp_path, "stalls_once_past_the_ceiling", stalls=1,
+                                extra=("--timeout", "2"))
     t = summary["timeout"]
     assert t["rerun"] == 1 and t["rerun_hung"] == 0 and t["hangs"] == 0, t
     assert t["restarts"] == 1, t  # the re-run's
