@@ -55,6 +55,7 @@ def test_a_fault_on_some_layouts_is_saved_and_the_whole_budget_runs(
         assert 60 in limits and all(x < 30 for x in limits if x != 60), limits
         # proven by a re-run in a fresh process, which did not return either
         assert summary["timeout"]["rerun"] == summary["timeout"]["rerun_hung"] == 1
+        assert summary["timeout"]["rerun_returned"] == 0
         if faults[0]["count"] > 1:
             assert any(x < 30 for x in limits), limits
         # minimized with the calibrated limit, then proven past the ceiling
@@ -108,7 +109,7 @@ def test_a_call_past_the_ceiling_that_returns_when_run_again_is_no_finding(
     summary = _stalled_campaign(tmp_path, "stalls_once_past_the_ceiling", stalls=1,
                                 extra=("--timeout", "2"))
     t = summary["timeout"]
-    assert t["rerun"] == 1 and t["rerun_hung"] == 0 and t["hangs"] == 0, t
+    assert t["rerun"] == t["rerun_returned"] == 1 and t["rerun_hung"] == t["hangs"] == 0, t
     assert t["restarts"] == 1, t  # the re-run's
-    assert any("1 call(s) past --timeout ran again in a fresh process, 0 of them" in n
-               for n in summary["notes"]), summary["notes"]
+    assert any("1 call(s) past --timeout ran again in a fresh process: 0 did not return "
+               "again (hangs), 1 returned" in n for n in summary["notes"]), summary["notes"]

@@ -156,3 +156,17 @@ def test_steering_counts_per_feature_once_a_stratum_faults_as_if_counted_all_alo
     assert not any(f[0] == "broken" for f in steer.runs)  # never faulted: never expanded
     again = Steering(seed=1, state=steer.state((0, 0, 0)))
     assert again.runs == runs and +again.faults == +faults
+
+
+def test_the_timeout_line_says_what_the_re_runs_of_calls_past_the_ceiling_gave() -> None:
+    """Re-runs that returned are stalls, those cut by the campaign's end are not proven:
+    neither is a finding, and the line says which is which."""
+    from kda_fuzz.campaign.timeouts import note
+
+    base = {"policy": "p", "targets": {"t": {"in_force_seconds": 60.0}}}
+    assert "ran again" not in note(base)
+    line = note({**base, "rerun": 3, "rerun_hung": 1, "rerun_returned": 1})
+    assert "3 call(s) past --timeout ran again in a fresh process: 1 did not return again " \
+        "(hangs), 1 returned (stalled, not hung: no finding), 1 cut by the campaign's end" \
+        in line, line
+    assert "cut by" not in note({**base, "rerun": 1, "rerun_hung": 0, "rerun_returned": 1})

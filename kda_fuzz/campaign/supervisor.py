@@ -334,9 +334,9 @@ class Supervisor:
         self.hang_limits: list[float] = []  # the limit in force at each hang
         self._hung_targets: set[int] = set()  # targets with a proven hang
         # (job, position) of first calls past the ceiling run again in a fresh process, and
-        # how many of those did not return again either
+        # those of them that did not return again either
         self._reran: set[tuple[int, Position]] = set()
-        self.rerun_hung = 0
+        self._rerun_hung: set[tuple[int, Position]] = set()
         self._t0 = 0.0
 
     # ------------------------------------------------------------------ lifecycle
@@ -497,8 +497,16 @@ class Supervisor:
         out["hang_limits_seconds"] = sorted({round(x, 3) for x in self.hang_limits})
         out["restarts"] = self.restarts  # of jobs, after a crash or hang
         out["rerun"] = len(self._reran)  # first calls past the ceiling run again
-        out["rerun_hung"] = self.rerun_hung  # of those, the ones that did not return again
+        out["rerun_hung"] = len(self._rerun_hung)  # of those, not returned again: hangs
+        # ... returned (the job went past them): stalls; the rest were cut by the end
+        out["rerun_returned"] = sum(1 for j, pos in self._reran - self._rerun_hung
+                                    if self._passed(j, pos))
         return out
+
+    def _passed(self, job: int, pos: Position) -> bool:
+        """Whether job ``job`` has gone past ``pos`` (its last progress, or its end)."""
+        snap = self.states[job].snapshot if job < len(self.states) else None
+        return snap is not None and snap[0] > pos
 
     def summaries(self) -> list[dict[str, Any]]:
         """Per job: its campaign's seconds, why it stopped, its wrapped targets' summaries."""
@@ -643,7 +651,8 @@ class Supervisor:
             self._restart(s)
             return
         again = here in self._reran
-        self.rerun_hung += again
+        if again:
+            self._rerun_hung.add(here)
         self._hung_targets.add(target)
         self.hang_limits.append(limit)
         how = " twice (the second time in a fresh process)" if again else ""

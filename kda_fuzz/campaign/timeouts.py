@@ -188,9 +188,13 @@ def note(summary: dict[str, Any]) -> str:
     """One summary line: the timeout in force per target."""
     parts = [f"{name} {t['in_force_seconds']:g} s" for name, t in summary["targets"].items()]
     rerun, hung = summary.get("rerun", 0), summary.get("rerun_hung", 0)
-    again = (f"; {rerun} call(s) past --timeout ran again in a fresh process, {hung} of them "
-             "did not return again (the others returned, or the campaign ended first: not "
-             "findings)") if rerun else ""
+    back = summary.get("rerun_returned", 0)
+    cut = rerun - hung - back
+    again = (f"; {rerun} call(s) past --timeout ran again in a fresh process: {hung} did not "
+             f"return again (hangs), {back} returned (stalled, not hung: no finding)"
+             + (f", {cut} cut by the campaign's end before they returned or hung again (not "
+                "proven: no finding; a longer --max-seconds or a shorter --timeout proves "
+                "them)" if cut > 0 else "")) if rerun else ""
     return (f"calibrated per-call timeout ({summary['policy']}): in force at the end: "
             + ", ".join(parts) + again)
 
