@@ -566,7 +566,7 @@ def compacted(case: Case, verdict: Verdict, run: Callable[[Case], Outcome]
         outcome = run(small)
     except Exception:  # a candidate the oracle cannot handle is just not kept
         return None
-    if not fails_the_same(verdict, outcome):
+    if outcome.status != "fail" or not _same(verdict, outcome.verdict):
         return None
     assert outcome.verdict is not None
     return small, outcome.verdict
@@ -581,11 +581,6 @@ def compact_candidate(case: Case) -> Case | None:
     if raw * 4 // 3 <= SMALL_FILE_BYTES:  # (base64: the most a stored byte costs)
         return None
     return values_from_recipes(case, limit=SMALL_FILE_BYTES)
-
-
-def fails_the_same(verdict: Verdict, outcome: Outcome) -> bool:
-    """Whether ``outcome`` is a failure like ``verdict`` (the minimizer's sameness)."""
-    return outcome.status == "fail" and _same(verdict, outcome.verdict)
 
 
 def values_from_recipes(case: Case, limit: int = SMALL_FILE_BYTES // 2) -> Case | None:

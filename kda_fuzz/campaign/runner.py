@@ -20,12 +20,7 @@ from kda_fuzz.campaign import sanitizing
 from kda_fuzz.campaign.arms import Arm
 from kda_fuzz.campaign.channel import ExitReason, Stop
 from kda_fuzz.campaign.interleave import arm_before, cycle_of, in_turn_order, schedule
-from kda_fuzz.campaign.minimize import (
-    NO_ELEMENT_KINDS,
-    compact_candidate,
-    fails_the_same,
-    minimize_failure,
-)
+from kda_fuzz.campaign.minimize import NO_ELEMENT_KINDS, compacted, minimize_failure
 from kda_fuzz.campaign.plan import campaign_plan, deal, plan
 from kda_fuzz.campaign.results import Failure, Report, minimizable
 from kda_fuzz.campaign.shard import shard_arms
@@ -53,6 +48,7 @@ from kda_fuzz.engine.targets import (
 from kda_fuzz.engine.verdict import Verdict
 from kda_fuzz.execution import compiles, configs
 from kda_fuzz.execution.variants import CONFIG_SPACE
+from kda_fuzz.workers.deadline import PastDeadline
 
 # Loading targets lives in kda_fuzz.engine.targets; the names stay importable from here.
 __all__ = ["Arm", "Campaign", "CampaignOptions", "Failure", "Recorder", "Report", "Target",
@@ -684,29 +680,29 @@ class Campaign:
         if failure.verdict.kind in (*NO_ELEMENT_KINDS, "flaky"):
             return
         started = time.monotonic()
+
+        def run(small: Case) -> Outcome:
+            spent = time.monotonic() - started  # (regenerating the values)
+            if self._deadline is not None \
+                    and time.monotonic() + max(COMPACT_MARGIN, 4 * spent) > self._deadline:
+                # no time for the run (the failure is sent only after it: a job killed at
+                # the deadline in the middle of it would lose the finding); the saver
+                # compacts it if it can
+                raise PastDeadline("no time to run the compacted case")
+            return self._judge(pos, index, small, target)
+
         try:
-            small = compact_candidate(failure.case)
+            got = compacted(failure.case, failure.verdict, run)  # (run's errors: not kept)
         except Exception as e:  # (out of device memory, ...): it is saved as it stands
             failure.add_note(f"values not regenerated: {type(e).__name__}: "
                              f"{str(e).splitlines()[0] if str(e) else ''}")
             return
-        if small is None:
+        if got is None:
             return
-        spent = time.monotonic() - started
-        if self._deadline is not None \
-                and time.monotonic() + max(COMPACT_MARGIN, 4 * spent) > self._deadline:
-            # no time for the run (the failure is sent only after it: a job killed at the
-            # deadline in the middle of it would lose the finding); the saver compacts it
-            # if it can
-            return
-        outcome = self._judge(pos, index, small, target)
-        if not fails_the_same(failure.verdict, outcome):
-            return
-        assert outcome.verdict is not None
-        failure.case, failure.verdict = small, outcome.verdict
+        failure.case, failure.verdict = got
         failure.add_note("float values regenerated from recipes ("
-                         f"{', '.join(small.notes['values_regenerated'])}): the case was over "
-                         "1 MiB, and one run of it failed the same way")
+                         f"{', '.join(failure.case.notes['values_regenerated'])}): the case "
+                         "was over 1 MiB, and one run of it failed the same way")
 
     def _known(self, failure: Failure) -> Failure | None:
         sig = failure.signature
