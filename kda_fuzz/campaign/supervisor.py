@@ -46,6 +46,7 @@ from multiprocessing import connection
 from typing import Any, NoReturn
 
 from kda_fuzz.campaign.channel import (
+    Changes,
     ExitReason,
     JobDone,
     JobEnvironment,
@@ -57,6 +58,7 @@ from kda_fuzz.campaign.channel import (
     JobRepeat,
     Snapshot,
     Stop,
+    received,
 )
 from kda_fuzz.campaign.results import Failure, Report, wants_minimizing
 from kda_fuzz.campaign.runner import Campaign, Position, Recorder
@@ -248,13 +250,14 @@ def _run_job(job: Job, conn: Any, stop: Any, record: Any) -> None:
             if spec.isolate and len(record) >= CALIBRATION + store_size(n_targets) else None
 
         sent = [0]  # history records already sent
+        changes = Changes()  # what the last messages sent of the growing counts
 
         def snapshot(position: Position) -> tuple[Position, dict[str, Any]]:
             rep = holder[0].report
             counters = rep.counters()
             counters["history"], sent[0] = rep.history[sent[0]:], len(rep.history)
             counters["steering"] = holder[0].steering.state(position)  # (resumes with it)
-            return position, counters
+            return position, changes.sent(counters)
 
         def on_failure(f: Failure, new: bool) -> None:
             c = holder[0]
@@ -338,6 +341,7 @@ class Supervisor:
         self._reran: set[tuple[int, Position]] = set()
         self._rerun_hung: set[tuple[int, Position]] = set()
         self._t0 = 0.0
+        self._shown = 0.0  # when on_example may next be called
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -527,7 +531,9 @@ class Supervisor:
             except (EOFError, OSError):  # the job ended (or died mid-message)
                 s.conn.close()
                 s.conn = None
-        if ready and self.on_example is not None:
+        if ready and self.on_example is not None and time.monotonic() >= self._shown:
+            # (merging every job's counts costs the parent milliseconds: not per message)
+            self._shown = time.monotonic() + PROGRESS_EVERY
             self.on_example(self._progress())
 
     def _progress(self) -> Report:
@@ -566,9 +572,11 @@ class Supervisor:
                 raise JobError(f"campaign job {msg.job} sent an unknown message: {msg!r}")
 
     def _history(self, job: int, snap: Snapshot) -> Snapshot:
-        """``snap``, its history records moved into the report's (tagged with the job)."""
+        """``snap`` made whole (its changed entries onto what the job sent before), its
+        history records moved into the report's (tagged with the job)."""
         self.report.history.extend({**rec, "job": job} for rec in snap[1].pop("history", ()))
-        return snap
+        s = self.states[job]
+        return snap[0], received(s.snapshot[1] if s.snapshot is not None else None, snap[1])
 
     def _add(self, failure: Failure, job: int | None = None) -> None:
         if job is not None and failure.found_example is not None:
