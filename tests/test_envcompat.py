@@ -56,6 +56,27 @@ def test_helion_compiles_are_counted_once_per_shape() -> None:
     assert (compiles.totals() - before).helion == 2
 
 
+def test_a_new_shapes_compile_is_bracketed_for_the_flight_record() -> None:
+    """Helion binding a new shape and generating its code are one compile in progress,
+    told to the listener (a job's flight record) at its start and its end; a call of a
+    shape already bound tells nothing."""
+    told: list[float] = []
+    compiles.install()
+    compiles.on_compiling(told.append)
+    try:
+        double(torch.arange(24, dtype=torch.float32))
+        n = len(told)  # (binding, then the config's code: each a start and an end)
+        assert n >= 2 and all(t > 0 for t in told[::2]) and told[1::2] == [0.0] * (n // 2)
+        assert not compiles.in_compile()
+        double(torch.arange(24, dtype=torch.float32))
+        assert len(told) == n
+        with compiles.compiling(), compiles.compiling():  # nested: the outermost only
+            assert compiles.in_compile() and len(told) == n + 1
+        assert told[n + 1:] == [0.0]
+    finally:
+        compiles.on_compiling(None)
+
+
 def test_triton_cache_miss_hooks_count_and_chain(monkeypatch: pytest.MonkeyPatch) -> None:
     """The interpreter never compiles, so the hooks are driven as Triton's JIT drives them
     on a cache miss (jit_cache_hook, build, jit_post_compile_hook); a hook installed

@@ -113,3 +113,32 @@ def test_a_call_past_the_ceiling_that_returns_when_run_again_is_no_finding(
     assert t["restarts"] == 1, t  # the re-run's
     assert any("1 call(s) past --timeout ran again in a fresh process: 0 did not return "
                "again (hangs), 1 returned" in n for n in summary["notes"]), summary["notes"]
+
+
+def test_a_call_stopped_inside_a_compile_is_the_compilers_stall_never_a_finding(
+        tmp_path: Path) -> None:
+    """A correct target whose compiler stalls once past --timeout: the call runs again in
+    a fresh process and returns: no finding, no hang counted; the summary says so."""
+    summary = _stalled_campaign(tmp_path, "compile_stalls_once", stalls=1,
+                                extra=("--timeout", "2"))
+    t = summary["timeout"]
+    assert t["compile_stalls"] == 1 and t["compile_skipped"] == 0, t
+    assert t["rerun"] == t["hangs"] == 0 and t["restarts"] == 1, t
+    assert any("1 call(s) stopped past their limit inside a kernel compile" in n
+               for n in summary["notes"]), summary["notes"]
+
+
+def test_a_compile_that_never_returns_is_not_executable_never_a_timeout_finding(
+        tmp_path: Path) -> None:
+    """A correct target whose compiler never returns on one layout (a deadlock there, in
+    every process): that example is counted as not executable after its re-run stalls
+    too, the campaign goes on past it and ends with no finding (exit 0)."""
+    summary = _stalled_campaign(tmp_path, "compile_never_returns_on_one_layout", stalls=1,
+                                extra=("--timeout", "2"))
+    t = summary["timeout"]
+    assert t["compile_skipped"] >= 1 and t["compile_stalls"] >= t["compile_skipped"], t
+    assert t["hangs"] == 0 and summary["failures"] == 0, t
+    skipped = summary["not_executable"]
+    assert skipped["valid"] == skipped["examples"] == t["compile_skipped"], skipped
+    assert any("a kernel compile did not return within 2 s, twice" in c
+               for c in skipped["causes"]), skipped

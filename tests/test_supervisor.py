@@ -301,3 +301,73 @@ def test_a_job_ended_in_the_middle_of_an_arm_reports_its_time() -> None:
     spent = sum(report.stratum_seconds.values())
     assert spent >= 1.5 * report.examples  # every example's call took 1.5 s
     assert spent >= 0.5 * (report.seconds - report.startup_seconds), (spent, report.seconds)
+
+
+class _StuckJob:
+    """A job process as the supervisor sees it: alive until killed."""
+
+    pid = 2**22 + 12345  # (no such process: it started nothing)
+    exitcode = None
+
+    def __init__(self) -> None:
+        self.killed = False
+
+    def is_alive(self) -> bool:
+        return not self.killed
+
+    def kill(self) -> None:
+        self.killed = True
+
+    def join(self, timeout: float | None = None) -> None:
+        pass
+
+
+def test_a_job_stuck_compiling_its_judges_kernel_runs_the_example_again_then_skips_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job judging an example, inside a compile for longer than --timeout (the judge's
+    own kernels: a compiler's deadlock): killed and restarted on the same example, not a
+    stalled-job error nor a finding; stuck there again, the example is counted as not
+    executable (the restarted job is told to skip it)."""
+    from kda_fuzz.campaign import supervisor as sv
+    from kda_fuzz.campaign.timeouts import store_size
+
+    sup = Supervisor(CampaignSpec.of("kda", "triton", [REFERENCE], timeout=5.0,
+                                     max_examples=10, seed=1))
+    record = [0.0] * (sv.CALIBRATION + store_size(1))
+    started: list = []
+    monkeypatch.setattr(sup, "_start", lambda spec, state=None: started.append(spec) or state)
+    s = sv._JobState(sv.Job(0, sup.spec, None, sup.options), _StuckJob(), record, None)
+    sup.states = [s]
+    for _ in range(2):  # the example, then its re-run in the fresh process
+        record[sv.STATE], record[sv.ROUND], record[sv.ARM], record[sv.EXAMPLE] = \
+            sv.JUDGING, 0, 1, 5
+        record[sv.COMPILING] = time.monotonic() - 6.0
+        s.proc = _StuckJob()
+        sup._watch(s)
+        assert s.proc.killed
+        s.spec = started[-1]
+    first, second = started
+    assert first.unexecutable == {} and first.hard == {}
+    assert list(second.unexecutable) == [(0, 1, 5)] and second.hard == {}
+    assert "a kernel compile did not return within 5 s, twice" in second.unexecutable[(0, 1, 5)]
+    t = sup.timeouts()
+    assert (t["compile_stalls"], t["compile_skipped"], t["hangs"]) == (1, 1, 0)
+    assert not sup.report.failures
+
+
+def test_a_job_judging_past_the_timeout_outside_any_compile_is_left_alone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Judging that takes long without a compile in progress (a large case's reference)
+    is not a compiler's stall: the job is not touched."""
+    from kda_fuzz.campaign import supervisor as sv
+    from kda_fuzz.campaign.timeouts import store_size
+
+    sup = Supervisor(CampaignSpec.of("kda", "triton", [REFERENCE], timeout=5.0,
+                                     max_examples=10, seed=1))
+    record = [0.0] * (sv.CALIBRATION + store_size(1))
+    record[sv.STATE], record[sv.SINCE] = sv.JUDGING, time.monotonic() - 60.0
+    monkeypatch.setattr(sup, "_start", lambda *a, **k: pytest.fail("restarted"))
+    s = sv._JobState(sv.Job(0, sup.spec, None, sup.options), _StuckJob(), record, None)
+    sup.states = [s]
+    sup._watch(s)
+    assert not s.proc.killed

@@ -135,7 +135,8 @@ class Campaign:
     A campaign can start part-way (``resume``: the position of its first example to run,
     with the counts it had there) and be told which positions already crashed or hung
     (``hard``: position -> (target index, verdict)); those cases are regenerated, recorded
-    as failures and not run again. ``seen``: signatures of failures already kept by
+    as failures and not run again; those of ``unexecutable`` (position -> why) are counted
+    as not executable, not run. ``seen``: signatures of failures already kept by
     whoever runs this campaign (a restarted job's supervisor); they count as repeats.
     Draws like layouts that crashed or hung get less of the budget
     (:mod:`kda_fuzz.campaign.steering`; its state resumes with ``resume``'s counts)."""
@@ -147,7 +148,8 @@ class Campaign:
                  stop: Callable[[], bool] | None = None, recorder: Recorder | None = None,
                  resume: tuple[Position, dict[str, Any]] | None = None,
                  hard: dict[Position, tuple[int, Verdict]] | None = None,
-                 seen: frozenset[tuple[Any, ...]] = frozenset()) -> None:
+                 seen: frozenset[tuple[Any, ...]] = frozenset(),
+                 unexecutable: dict[Position, str] | None = None) -> None:
         contract.checks_for(variant)  # rejects unknown variants early
         self.contract, self.variant = contract, variant
         self.peers = list(peers or [])
@@ -168,6 +170,7 @@ class Campaign:
             self.resume_at = resume[0]
             self.report.add_counters(resume[1])
         self.hard = dict(hard or {})
+        self.unexecutable = dict(unexecutable or {})
         self._stratum = "valid"  # the stratum of the arm being run (see _run_arm)
         self._mark: float | None = None  # its last tick (None: no arm running, see _tick)
         self._arm = "valid"  # and its name
@@ -333,7 +336,7 @@ class Campaign:
             return  # a later round's first example: the simplest case, run in the first round
         if (self._first + pos[2] - (pos[0] > 0)) % self._share[1] != self._share[0]:
             return  # another shard's example (drawn all the same: the draws stay aligned)
-        if pos not in self.hard:
+        if pos not in self.hard and pos not in self.unexecutable:
             run, why = self.steering.admits(pos, self._stratum, case,
                                             replay=pos < self.resume_at)
             if not run:
@@ -370,6 +373,10 @@ class Campaign:
                 verdict = under_configs(verdict, saved)
             self._failed(case.on("cpu"), verdict, self.targets[index], confirmed=True)
             self.steering.observe(self._stratum, case, fault=True)
+            return
+        skipped = self.unexecutable.pop(pos, None)
+        if skipped is not None:  # its compile stalled twice: not a verdict, not run again
+            self.report.not_executable(expectation(self.contract, case).ok, skipped)
             return
         if self.stop is not None and self.stop():
             self.stopped = self.stopped or Stop(ExitReason.STOP_REQUESTED)

@@ -85,10 +85,11 @@ STALL_SECONDS = 600.0  # a job silent this long outside a target call is stuck (
 STOP_GRACE = 3.0  # seconds a job may take to end its example after an interrupt
 
 # Flight record fields (one shared array of doubles per job): LIMIT, the seconds the call
-# in flight may take (0: the supervisor's timeout); from CALIBRATION on, the job's
+# in flight may take (0: the supervisor's timeout); COMPILING, when the compile in progress
+# began (0: none; kda_fuzz.execution.compiles); from CALIBRATION on, the job's
 # kda_fuzz.campaign.timeouts store (kept across its restarts).
-STATE, ROUND, ARM, EXAMPLE, TARGET, SINCE, LIMIT, CONFIGS = range(8)
-CALIBRATION = 8
+STATE, ROUND, ARM, EXAMPLE, TARGET, SINCE, LIMIT, CONFIGS, COMPILING = range(9)
+CALIBRATION = 9
 IDLE, CALLING, FAULTED, JUDGING = 0.0, 1.0, 2.0, 3.0  # JUDGING: after a call, before the next
 
 
@@ -135,6 +136,9 @@ class Job:
     hard: dict[Position, tuple[int, Verdict]] = field(default_factory=dict)
     seen: frozenset[tuple[Any, ...]] = frozenset()  # signatures of failures already kept
     launched: float = 0.0  # time.monotonic() when the supervisor started the process
+    # positions whose example is counted as not executable, not run: a compiler that did
+    # not return there, twice (cause)
+    unexecutable: dict[Position, str] = field(default_factory=dict)
 
 
 class _SharedRecorder(Recorder):
@@ -146,11 +150,16 @@ class _SharedRecorder(Recorder):
         self.record, self.send, self.device, self.flight = record, send, device, flight
         self.calibration = calibration  # None: the supervisor's fixed timeout
         self.last = 0.0
+        if flight:
+            compiles.on_compiling(self._compiling)
         self._case: Any = None
         self._timing: tuple[int, float] | None = None  # (target, start) of a call to time
 
     def expect(self, case: Any) -> None:
         self._case = case
+
+    def _compiling(self, since: float) -> None:
+        self.record[COMPILING] = since
 
     def _timed(self) -> None:
         """The call being timed has ended (cpu: it returned; cuda: its launches finished)."""
@@ -171,6 +180,7 @@ class _SharedRecorder(Recorder):
         if cal is not None and case is not None:
             r[LIMIT] = cal.limit(target, case, compiling=compiles.totals().count > 0
                                  or compiles.interpreted() > 0)
+        r[COMPILING] = 0.0
         r[SINCE] = time.monotonic()
         self._timing = (target, r[SINCE])
         r[STATE] = CALLING
@@ -272,7 +282,8 @@ def _run_job(job: Job, conn: Any, stop: Any, record: Any) -> None:
                               device, flight=spec.isolate, calibration=calibration)
         c = Campaign(contract, spec.variant, targets, peers=peers, options=options,
                      on_failure=on_failure, stop=stop.is_set, recorder=rec,
-                     resume=job.resume, hard=job.hard, seen=job.seen)
+                     resume=job.resume, hard=job.hard, seen=job.seen,
+                     unexecutable=job.unexecutable)
         holder.append(c)
         try:
             c.report.startup_seconds += max(0.0, time.monotonic() - job.launched)
@@ -340,6 +351,10 @@ class Supervisor:
         # those of them that did not return again either
         self._reran: set[tuple[int, Position]] = set()
         self._rerun_hung: set[tuple[int, Position]] = set()
+        # (job, position) of calls past their limit inside a compile, and those of them
+        # whose re-run stalled in a compile again (counted as not executable)
+        self._compile_stalls: set[tuple[int, Position]] = set()
+        self._compile_skipped: set[tuple[int, Position]] = set()
         self._t0 = 0.0
         self._shown = 0.0  # when on_example may next be called
 
@@ -505,6 +520,9 @@ class Supervisor:
         # ... returned (the job went past them): stalls; the rest were cut by the end
         out["rerun_returned"] = sum(1 for j, pos in self._reran - self._rerun_hung
                                     if self._passed(j, pos))
+        # calls stopped past their limit inside a compile: run again, or (twice) skipped
+        out["compile_stalls"] = len(self._compile_stalls)
+        out["compile_skipped"] = len(self._compile_skipped)
         return out
 
     def _passed(self, job: int, pos: Position) -> bool:
@@ -611,10 +629,21 @@ class Supervisor:
         # slow call of a correct kernel on a loaded machine or a shared GPU
         limit = calibrated if int(r[TARGET]) in self._hung_targets else self.timeout
         if r[STATE] == CALLING and now - r[SINCE] > limit and s.proc.is_alive():
+            in_compile = r[COMPILING] > 0  # (read before the kill)
             kill_tree(s.proc)
             s.proc.join(timeout=10)
             self._drain(0.0)
-            self._hung(s, limit, calibrated)
+            if in_compile:
+                self._compile_stalled(s, limit)
+            else:
+                self._hung(s, limit, calibrated)
+            return
+        if r[STATE] == JUDGING and r[COMPILING] > 0 and now - r[COMPILING] > self.timeout \
+                and s.proc.is_alive():  # a compile of the judge's own kernels: no verdict
+            kill_tree(s.proc)
+            s.proc.join(timeout=10)
+            self._drain(0.0)
+            self._compile_stalled(s, self.timeout)
             return
         if s.proc.is_alive():
             if not calling and now - s.last_message > STALL_SECONDS:
@@ -642,6 +671,23 @@ class Supervisor:
         else:
             self._restart(s, Verdict("crash", "process-died",
                                      f"the process running the target died ({ended})"))
+
+    def _compile_stalled(self, s: _JobState, limit: float) -> None:
+        """The job's example did not go on within ``limit`` and was inside a kernel
+        compile (``kda_fuzz.execution.compiles``) when it was stopped, in the target's call
+        or in the judge's: the compiler's stall (a compiler, or a library it runs,
+        deadlocked or slow in that process), never the kernel's verdict. The example runs
+        again in a fresh process; if a compile does not return there either, it is counted
+        as not executable and the job goes on past it."""
+        here = (s.spec.index, _position(s.record))
+        if here not in self._compile_stalls:
+            self._compile_stalls.add(here)
+            self._restart(s)
+            return
+        self._compile_skipped.add(here)
+        self._restart(s, unexecutable=f"a kernel compile did not return within "
+                                      f"{limit:.3g} s, twice (the second time in a fresh "
+                                      "process): not a verdict")
 
     def _hung(self, s: _JobState, limit: float, calibrated: float) -> None:
         """The job's call did not return within ``limit`` (the ceiling, or once its target
@@ -671,9 +717,11 @@ class Supervisor:
                                  f"did not return within {limit:.3g} s{how}",
                                  limit_seconds=round(calibrated, 3)))
 
-    def _restart(self, s: _JobState, fault: Verdict | None = None) -> None:
+    def _restart(self, s: _JobState, fault: Verdict | None = None,
+                 unexecutable: str | None = None) -> None:
         """Start the job again from its last progress message, ``fault`` (a crash or hang)
-        recorded at its flight position (None: that position's call runs again)."""
+        recorded at its flight position, or that position's example counted as not
+        executable (``unexecutable``: why); neither: that position's call runs again."""
         r = s.record
         pos = _position(r)
         target = int(r[TARGET])
@@ -687,8 +735,12 @@ class Supervisor:
                 int(r[CONFIGS]) - 1 if r[CONFIGS] > 0 else None)))
         s.restarts += 1
         self.restarts += 1
+        skip = {p: why for p, why in s.spec.unexecutable.items() if p >= start}
+        if unexecutable is not None:
+            skip[pos] = unexecutable
         seen = frozenset(self._kept)
-        spec = Job(**{**s.spec.__dict__, "resume": resume, "hard": hard, "seen": seen})
+        spec = Job(**{**s.spec.__dict__, "resume": resume, "hard": hard, "seen": seen,
+                      "unexecutable": skip})
         self._start(spec, s)
 
 

@@ -195,8 +195,13 @@ def note(summary: dict[str, Any]) -> str:
              + (f", {cut} cut by the campaign's end before they returned or hung again (not "
                 "proven: no finding; a longer --max-seconds or a shorter --timeout proves "
                 "them)" if cut > 0 else "")) if rerun else ""
+    stalls, skipped = summary.get("compile_stalls", 0), summary.get("compile_skipped", 0)
+    compiler = (f"; {stalls} call(s) stopped past their limit inside a kernel compile (the "
+                f"compiler's stall, never a finding) ran again in a fresh "
+                f"process, {skipped} of them stalled there again (counted as not "
+                "executable)") if stalls else ""
     return (f"calibrated per-call timeout ({summary['policy']}): in force at the end: "
-            + ", ".join(parts) + again)
+            + ", ".join(parts) + again + compiler)
 
 
 __all__ = ["CLASSES", "COMPILE_FLOOR", "FLOOR", "MULTIPLE", "Calibration",

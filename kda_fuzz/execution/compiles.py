@@ -8,13 +8,20 @@ hooks someone else installed keep running; a compile counts once built. Helion:
 code generation of that config; on a GPU its Triton compiles at the first launch, a
 Triton event of its own). The interpreter compiles nothing, so on CPU a
 hand-written Triton kernel reports 0 compiles; a target of plain torch code always does.
+
+A compile in progress (:func:`compiling`: Helion binding a new shape or generating a
+config's code, Triton's ``JITFunction._do_compile``) is told to the listener of
+:func:`on_compiling` (a job's flight record): a call past its time limit inside one is the
+compiler's stall, not the kernel's hang.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +49,35 @@ _totals = Compiles()
 _lock = threading.Lock()
 _interpreted = [0]  # kernel launches run by an interpreter on CPU (see ``interpreted``)
 _started: dict[int, float] = {}  # thread id -> when its Triton compile began
+
+
+_depth = [0]  # compiles in progress in this process (nested: Triton's inside Helion's)
+_listener: list[Callable[[float], None]] = []  # see on_compiling
+
+
+def on_compiling(listener: Callable[[float], None] | None) -> None:
+    """Tell ``listener`` when this process's outermost compile starts (its
+    ``time.monotonic()``) and ends (``0.0``); ``None``: no one."""
+    _listener[:] = [] if listener is None else [listener]
+
+
+@contextlib.contextmanager
+def compiling() -> Iterator[None]:
+    """A compile in progress (what the hooks below bracket)."""
+    _depth[0] += 1
+    if _depth[0] == 1 and _listener:
+        _listener[0](time.monotonic())
+    try:
+        yield
+    finally:
+        _depth[0] -= 1
+        if _depth[0] == 0 and _listener:
+            _listener[0](0.0)
+
+
+def in_compile() -> bool:
+    """Whether a compile is in progress in this process."""
+    return _depth[0] > 0
 
 
 def totals() -> Compiles:
@@ -90,19 +126,37 @@ def _hook_triton(knobs: Any) -> None:
     runtime.jit_cache_hook, runtime.jit_post_compile_hook = cache_miss, compiled
 
 
+def _cached(cache: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a ``compile_config`` call finds its config's code compiled already."""
+    config = args[0] if args else kwargs.get("config")
+    try:
+        return isinstance(cache, dict) and config is not None and config in cache
+    except TypeError:  # (an unhashable config: a compile, for all we know)
+        return False
+
+
+def _bracket(method: Any) -> Any:
+    def bracketed(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with compiling():
+            return method(self, *args, **kwargs)
+    return bracketed
+
+
 def _hook_helion(module: Any) -> None:
     def counting(compile_config: Any) -> Any:
         def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
             cache = getattr(self, "_compile_cache", None)
             n = len(cache) if isinstance(cache, dict) else None
             t = time.perf_counter()
-            result = compile_config(self, *args, **kwargs)
+            with contextlib.nullcontext() if _cached(cache, args, kwargs) else compiling():
+                result = compile_config(self, *args, **kwargs)
             if n is not None and len(cache) > n:  # type: ignore[arg-type]
                 _count("helion", time.perf_counter() - t)
             return result
         return counted
 
     wrap_once(module.BoundKernel, "compile_config", counting)
+    wrap_once(module.BoundKernel, "__init__", _bracket)  # (a new shape: Helion's front end)
 
 
 def install() -> None:
@@ -111,6 +165,9 @@ def install() -> None:
     knobs = sys.modules.get("triton.knobs")
     if knobs is not None and hasattr(knobs, "runtime"):
         _hook_triton(knobs)
+    jit = sys.modules.get("triton.runtime.jit")
+    if jit is not None and hasattr(getattr(jit, "JITFunction", None), "_do_compile"):
+        wrap_once(jit.JITFunction, "_do_compile", _bracket)
     helion_kernel = sys.modules.get("helion.runtime.kernel")
     if helion_kernel is not None and hasattr(helion_kernel, "BoundKernel"):
         _hook_helion(helion_kernel)
