@@ -84,3 +84,20 @@ def test_a_paired_run_counts_restarts_from_the_summary_or_an_older_trees_notes()
     assert paired.restarts({"timeout": {"restarts": 3}, "notes": []}) == 3
     assert paired.restarts({"notes": ["x", "7 job restart(s) after a crash or hang"]}) == 7
     assert paired.restarts({"notes": []}) == 0
+
+
+def test_frozen_jobs_shows_each_jobs_last_stack_and_threads() -> None:
+    """``benchmarks/frozen_jobs.py`` on a CPU campaign: every job is found, its stack
+    writer's last stack is in the campaign, and its threads are listed."""
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "frozen_jobs.py"),
+                        "--seconds", "12", "--at", "8", "--every", "1", "--no-native", "--args",
+                        "--device cpu --contract triton -j 2 --target "
+                        "tests.slow_targets:slow_pad_wrap --max-failures 100"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    jobs = r.stdout.split("=== job process ")[1:]
+    assert r.stdout.startswith('campaign: {"') and len(jobs) == 2, r.stdout[-3000:]
+    for job in jobs:
+        assert "its writer last wrote at " in job and "never" not in job.splitlines()[0]
+        assert " s of the campaign (looked at " in job
+        assert "kda_fuzz/campaign/runner.py" in job and "threads (tid name state" in job
