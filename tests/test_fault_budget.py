@@ -142,3 +142,24 @@ def test_a_compile_that_never_returns_is_not_executable_never_a_timeout_finding(
     assert skipped["valid"] == skipped["examples"] == t["compile_skipped"], skipped
     assert any("a kernel compile did not return within 2 s, twice" in c
                for c in skipped["causes"]), skipped
+
+
+def test_a_job_killed_inside_a_compile_at_the_deadline_says_so(tmp_path: Path) -> None:
+    """A compile that does not return before --max-seconds (shorter than --timeout): the
+    job is killed at the deadline, no finding, and the summary says it was inside a kernel
+    compile (a compiler's stall, as seen on some GPU machines), and for how long."""
+    where = tmp_path / "stalls"
+    where.mkdir()
+    r = subprocess.run([sys.executable, "-m", "kda_fuzz", "fuzz", "--target",
+                        "tests.slow_targets:compile_never_returns_on_one_layout", "--contract",
+                        "triton", "--jobs", "1", "--max-seconds", "20", "--seed", "1",
+                        "--valid-share", "1", "--budget", "262144", "--corpus",
+                        str(tmp_path / "corpus"), "--json"], cwd=ROOT,
+                       env={**ENV, "KDA_FUZZ_TEST_STALL_DIR": str(where)},
+                       capture_output=True, text=True, timeout=WALL)
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = _summary(r)
+    assert summary["failures"] == 0 and (where / "stall").exists()
+    assert summary["timeout"]["compile_stalls"] == 0  # (--timeout 60 never came)
+    notes = [n for n in summary["notes"] if "stopped in the middle of an example" in n]
+    assert len(notes) == 1 and "; it had been inside a kernel compile for " in notes[0], notes

@@ -132,8 +132,8 @@ def test_a_forgotten_worker_is_not_joined_at_exit() -> None:
 
 def test_the_fork_server_leaves_dynamo_inductor_and_sklearn_to_the_jobs() -> None:
     """Where a GPU is visible the fork server imports only what starts nothing a fork
-    breaks: with TorchDynamo, Inductor and scikit-learn imported there, Helion campaigns'
-    jobs stopped in the middle of an example until the deadline (see DEVICE_FREE_IMPORTS)."""
+    breaks: TorchDynamo, Inductor and scikit-learn are left to the jobs (see
+    DEVICE_FREE_IMPORTS)."""
     from kda_fuzz.execution import DEVICE_FREE_IMPORTS
 
     preloaded = {m for mods in DEVICE_FREE_IMPORTS.values() for m in mods}

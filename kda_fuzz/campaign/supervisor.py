@@ -495,6 +495,8 @@ class Supervisor:
         """Kill the jobs that have not ended (stopping or past the deadline), keeping their
         last progress: never a verdict on a target."""
         self.stop.set()
+        now = time.monotonic()
+        where = {s.spec.index: _where(s.record, now) for s in self.states if not s.done}
         _kill_all([s.proc for s in self.states if not s.done])
         for s in self.states:
             if s.done:
@@ -503,7 +505,8 @@ class Supervisor:
             s.summary = {**s.summary, "stopped": Stop(
                 self.stopped.reason if self.stopped else ExitReason.DEADLINE,
                 "stopped in the middle of an example (killed: "
-                + ("interrupted" if self.stopped else "the --max-seconds deadline") + ")")}
+                + ("interrupted" if self.stopped else "the --max-seconds deadline") + ")"
+                + where[s.spec.index])}
         self._drain(0.0)
 
     def timeouts(self) -> dict[str, Any]:
@@ -742,6 +745,16 @@ class Supervisor:
         spec = Job(**{**s.spec.__dict__, "resume": resume, "hard": hard, "seen": seen,
                       "unexecutable": skip})
         self._start(spec, s)
+
+
+def _where(record: Any, now: float) -> str:
+    """Where a job killed in the middle of an example was, in words ('' if nowhere known):
+    a job long inside a kernel compile was stalled by its compiler, not by the target."""
+    if record[COMPILING] > 0:
+        return f"; it had been inside a kernel compile for {now - record[COMPILING]:.0f} s"
+    if record[STATE] == CALLING:
+        return f"; it had been in a call of the target for {now - record[SINCE]:.0f} s"
+    return ""
 
 
 def _position(record: Any) -> Position:

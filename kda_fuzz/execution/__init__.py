@@ -9,11 +9,12 @@ RUNTIMES = ("triton", "helion")
 # server may import these where a GPU is visible, so that its workers do not import them
 # each (seconds apiece where Python may not write bytecode). The library itself is left to
 # the workers, and so are TorchDynamo, Inductor and the scikit-learn of Helion's autotuner:
-# with those imported by the fork server (974f32d), Helion campaigns on an H100 saw their
-# jobs stop in the middle of an example until the deadline killed them (job samples: every
-# job's main thread silent after 9 of 35 s, 20 examples in a 40 s campaign, against 1,605
-# for a tree whose jobs import them themselves; the Triton contract, which preloads Triton
-# alone, ran at 0.97x of it on the same start).
+# scikit-learn starts a native thread on import (no fork of such a process is safe), and
+# with the others imported by the fork server (974f32d) Helion campaigns on an H100 saw
+# their jobs frozen inside compiles until the deadline killed them. Jobs that import them
+# themselves were seen frozen the same way on later H100 starts (2026-12-06, the
+# 2026-11-30 tree's too): the preload is not proven the cause, and stays off until a GPU
+# run says otherwise (benchmarks/frozen_jobs.py).
 DEVICE_FREE_IMPORTS = {
     "triton": ("triton", "triton.language", "triton.runtime.jit"),
     "helion": ("triton", "triton.language", "triton.runtime.jit"),
