@@ -5,9 +5,10 @@ Helion kernels, 2026-12-06).
 Runs ``kda-fuzz fuzz`` from a copy of this tree whose job body starts a thread writing the
 job's main-thread Python stack every ``--every`` seconds; a job whose writer goes silent has
 its main thread in a native call holding the GIL. At ``--at`` seconds, for every job
-process: each thread's state and kernel wait channel (``/proc``), and its native stacks
-where ``py-spy`` or ``gdb`` is installed. Prints, per job, when its writer last wrote and
-the stack it wrote, then what ``/proc`` and the native tools saw.
+process: each thread's state and kernel wait channel (``/proc``); for up to three jobs
+whose writer is silent, native stacks where ``py-spy`` or ``gdb`` is installed. Prints, per
+job, when its writer last wrote and the stack it wrote, then what ``/proc`` and the native
+tools saw.
 
     python benchmarks/frozen_jobs.py [--seconds 30] [--at 20] [--every 2]
                                      [--args '--device cuda --contract helion'] [--out DIR]
@@ -110,6 +111,15 @@ def native(pid: int) -> str:
     return ""
 
 
+def _silent(out: Path, pid: int, seconds: float) -> bool:
+    """Whether job ``pid``'s writer has written nothing for ``seconds`` (or ever)."""
+    files = list(out.glob(f"job*-{pid}.txt"))
+    if not files:
+        return False  # (not a job)
+    blocks = files[0].read_text().split("--- ")[1:]
+    return not blocks or time.time() - float(blocks[-1].split("\n", 1)[0]) > seconds
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=30.0)
@@ -139,7 +149,9 @@ def main() -> int:
         looked = time.monotonic() - t0
         pids = job_pids(proc.pid)
         rows = {pid: threads(pid) for pid in pids}  # (all at once, before any tool attaches)
-        seen = {pid: (rows[pid], native(pid) if args.native else "") for pid in pids}
+        silent = [pid for pid in pids if _silent(out, pid, 2 * args.every + 1.0)]
+        deep = set(silent[:3]) if args.native else set()  # (a tool pauses a job a while)
+        seen = {pid: (rows[pid], native(pid) if pid in deep else "") for pid in pids}
         last = proc.communicate()[0].strip().splitlines()[-1:]
         print(f"campaign: {last[0][:300] if last else 'no summary'}")
         for pid, (rows, stacks) in seen.items():
