@@ -631,22 +631,18 @@ class Supervisor:
         # a calibrated limit would cost a restart (imports, every compile again) for each
         # slow call of a correct kernel on a loaded machine or a shared GPU
         limit = calibrated if int(r[TARGET]) in self._hung_targets else self.timeout
-        if r[STATE] == CALLING and now - r[SINCE] > limit and s.proc.is_alive():
+        past = r[STATE] == CALLING and now - r[SINCE] > limit
+        # a compile of the judge's own kernels past the ceiling: no verdict either way
+        judging = r[STATE] == JUDGING and r[COMPILING] > 0 and now - r[COMPILING] > self.timeout
+        if (past or judging) and s.proc.is_alive():
             in_compile = r[COMPILING] > 0  # (read before the kill)
             kill_tree(s.proc)
             s.proc.join(timeout=10)
             self._drain(0.0)
             if in_compile:
-                self._compile_stalled(s, limit)
+                self._compile_stalled(s, limit if past else self.timeout)
             else:
                 self._hung(s, limit, calibrated)
-            return
-        if r[STATE] == JUDGING and r[COMPILING] > 0 and now - r[COMPILING] > self.timeout \
-                and s.proc.is_alive():  # a compile of the judge's own kernels: no verdict
-            kill_tree(s.proc)
-            s.proc.join(timeout=10)
-            self._drain(0.0)
-            self._compile_stalled(s, self.timeout)
             return
         if s.proc.is_alive():
             if not calling and now - s.last_message > STALL_SECONDS:
