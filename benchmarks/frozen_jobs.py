@@ -17,6 +17,7 @@ tools saw.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import shutil
@@ -42,7 +43,7 @@ def start(path: str, every: float) -> None:
             time.sleep(every)
             frame = sys._current_frames().get(main)
             if frame is not None:
-                stack = traceback.extract_stack(frame)[-25:]
+                stack = traceback.extract_stack(frame)[-80:]
                 out.write(f"--- {time.time():.2f}\n" + "".join(
                     f"  {f.filename.rsplit('site-packages/', 1)[-1]}:{f.lineno} {f.name}\n"
                     for f in stack))
@@ -84,9 +85,24 @@ def job_pids(root: int) -> list[int]:
     return out
 
 
-def threads(pid: int) -> list[str]:
-    """Each thread of ``pid``: name, state, kernel wait channel."""
+def _ticks(pids: list[int]) -> dict[tuple[int, str], int]:
+    """utime+stime (clock ticks) of every thread of ``pids``."""
+    out = {}
+    for pid in pids:
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                f = (task / "stat").read_text().rsplit(")", 1)[1].split()
+                out[(pid, task.name)] = int(f[11]) + int(f[12])
+            except (OSError, ValueError, IndexError):
+                continue
+    return out
+
+
+def threads(pid: int, busy: dict[tuple[int, str], int]) -> list[str]:
+    """Each thread of ``pid``: name, state, kernel wait channel, CPU % over the last second
+    (``busy``: ticks per thread then)."""
     rows = []
+    hz = os.sysconf("SC_CLK_TCK")
     for task in sorted(Path(f"/proc/{pid}/task").glob("*")):
         try:
             name = (task / "comm").read_text().strip()
@@ -94,8 +110,27 @@ def threads(pid: int) -> list[str]:
             wchan = (task / "wchan").read_text().strip() or "-"
         except OSError:
             continue
-        rows.append(f"{task.name} {name} {state} {wchan}")
+        cpu = 100 * busy.get((pid, task.name), 0) // hz
+        rows.append(f"{task.name} {name} {state} {wchan} cpu={cpu}%")
     return rows
+
+
+def machine() -> str:
+    """What bounds the jobs' CPU: cores, affinity, the cgroup's quota and throttling,
+    pressure, load and memory."""
+    lines = [f"cpu_count={os.cpu_count()} affinity={len(os.sched_getaffinity(0))} "
+             f"loadavg={Path('/proc/loadavg').read_text().split()[:3]}"]
+    for f in ("/sys/fs/cgroup/cpu.max", "/sys/fs/cgroup/cpu.stat",
+              "/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu/cpu.stat",
+              "/proc/pressure/cpu", "/proc/pressure/memory", "/proc/pressure/io"):
+        try:
+            lines.append(f"{f}: " + " | ".join(Path(f).read_text().split("\n")))
+        except OSError:
+            pass
+    mem = {k: v for k, v in (ln.split(":", 1) for ln in
+                             Path("/proc/meminfo").read_text().splitlines()[:3])}
+    lines.append("meminfo: " + ", ".join(f"{k}={v.strip()}" for k, v in mem.items()))
+    return "\n".join(lines)
 
 
 def native(pid: int) -> str:
@@ -109,6 +144,42 @@ def native(pid: int) -> str:
                 return f"{tool}: no answer within 60 s"
             return f"{tool}:\n{r.stdout[-6000:]}{r.stderr[-1000:]}"
     return ""
+
+
+# what a sampled stack is doing: the first of these whose text one of its frames holds
+WHERE = (("importing", ("<frozen importlib", "importlib/__init__")),
+         ("helion binding/codegen", ("helion/_compiler", "BoundKernel", "compile_config",
+                                     "_subclasses/fake_tensor")),
+         ("triton compile", ("triton/compiler", "_do_compile", "triton/backends")),
+         ("judging", ("judge.py", "fused.py", "oracle.py:2", "reference.py")),
+         ("target call", ("helion/runtime", "variants.py", "launched")),
+         ("building a layout", ("layouts.py", "build")),
+         ("hypothesis", ("hypothesis/",)),
+         ("supervision", ("supervisor.py", "runner.py")))
+
+
+def where(stack: str) -> str:
+    """What one sampled main-thread stack was doing (see :data:`WHERE`)."""
+    for name, marks in WHERE:
+        if any(m in stack for m in marks):
+            return name
+    return "other"
+
+
+def census_of(out: Path) -> str:
+    """Per job and in all: what its sampled stacks were doing, in shares of its samples."""
+    import collections
+
+    rows, total = [], collections.Counter()
+    for f in sorted(out.glob("job*.txt")):
+        c = collections.Counter(where(b) for b in f.read_text().split("--- ")[1:])
+        total += c
+        n = sum(c.values()) or 1
+        rows.append(f"  {f.stem}: {sum(c.values())} samples: " + ", ".join(
+            f"{k} {100 * v // n}%" for k, v in c.most_common()))
+    n = sum(total.values()) or 1
+    return ("what the jobs' main threads were doing (sampled):\n" + "\n".join(rows)
+            + "\n  all: " + ", ".join(f"{k} {100 * v // n}%" for k, v in total.most_common()))
 
 
 def _silent(out: Path, pid: int, seconds: float) -> bool:
@@ -143,17 +214,51 @@ def main() -> int:
                str(args.seconds), "--valid-share", "1", "--max-examples", str(10**7),
                "--seed", "1", "--no-save", "--json", *shlex.split(args.args)]
         t0, wall0 = time.monotonic(), time.time()
+        err = open(out.parent / "campaign.err", "w")
         proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL, text=True)
+                                stderr=err, text=True)
+        lives: dict[int, list[float]] = {}  # job pid: [first seen, last seen] (s)
+
+        def census() -> None:
+            while proc.poll() is None:
+                now = time.monotonic() - t0
+                for pid in job_pids(proc.pid):
+                    lives.setdefault(pid, [now, now])[1] = now
+                time.sleep(0.25)
+
+        threading.Thread(target=census, daemon=True).start()
         time.sleep(max(0.0, args.at - (time.monotonic() - t0)))
         looked = time.monotonic() - t0
         pids = job_pids(proc.pid)
-        rows = {pid: threads(pid) for pid in pids}  # (all at once, before any tool attaches)
+        before, facts0 = _ticks(pids), machine()
+        time.sleep(1.0)
+        after = _ticks(pids)
+        busy = {k: v - before.get(k, v) for k, v in after.items()}
+        rows = {pid: threads(pid, busy) for pid in pids}  # (all at once, before any tool)
         silent = [pid for pid in pids if _silent(out, pid, 2 * args.every + 1.0)]
         deep = set(silent[:3]) if args.native else set()  # (a tool pauses a job a while)
         seen = {pid: (rows[pid], native(pid) if pid in deep else "") for pid in pids}
         last = proc.communicate()[0].strip().splitlines()[-1:]
-        print(f"campaign: {last[0][:300] if last else 'no summary'}")
+        (out.parent / "summary.json").write_text(last[0] if last else "")
+        print(f"exit status {proc.returncode}; worker processes (pid: first and last seen, s): "
+              + ", ".join(f"{p}: {a:.1f}-{b:.1f}" for p, (a, b) in sorted(lives.items())))
+        print("campaign's stderr, last lines:\n    " + "\n    ".join(
+            (out.parent / "campaign.err").read_text().splitlines()[-25:]))
+        try:
+            summary = json.loads(last[0])
+            print(f"campaign: {summary.get('examples')} examples, {summary.get('failures')} "
+                  f"failure(s), timeout "
+                  f"{json.dumps(summary.get('timeout'))[:200]}")
+            for n in summary.get("notes") or []:
+                print(f"  note: {n[:400]}")
+            print(f"  stopped: {summary.get('stopped')}; start-up "
+                  f"{summary.get('startup_seconds')}; compiling {summary.get('compiling_seconds')}")
+            for d in summary.get("failure_details") or []:
+                print(f"  failure: {json.dumps(d)[:1500]}")
+        except (IndexError, ValueError):
+            print(f"campaign: {last[0][:300] if last else 'no summary'}")
+        print(census_of(out))
+        print(f"machine at {looked:.1f} s:\n{facts0}\nmachine at the end:\n{machine()}")
         for pid, (rows, stacks) in seen.items():
             files = list(out.glob(f"job*-{pid}.txt"))
             if not files:  # (the fork server's other workers: isolated replays, minimizing)

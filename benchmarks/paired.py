@@ -8,6 +8,7 @@ other round), each with empty Triton and Inductor caches, as a fresh machine has
     python benchmarks/paired.py --baseline REV | --baseline-dir DIR
                                 [--rounds 2] [--seconds 60] [--device cuda]
                                 [--args '--target M:F --contract helion ...'] [--keep DIR]
+                                [--census]
 
 ``--baseline REV`` exports that revision of this repository (``git archive``) to a
 temporary folder; ``--baseline-dir`` takes an exported tree (a machine without git). The
@@ -62,13 +63,17 @@ def run(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
         shim.mkdir()
         if (tree / "kernels").is_dir():
             (shim / "kda_fuzz_kernels").symlink_to(tree / "kernels")
+        census = [str(HERE / "benchmarks" / "census")] if args.census else []
         env = {**os.environ, "TRITON_CACHE_DIR": f"{cache}/triton",
-               "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor",
+               "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor", "KDA_FUZZ_CENSUS": f"{cache}/census",
                "PYTHONPATH": os.pathsep.join(
-                   [str(tree), str(shim), *filter(None, [os.environ.get("PYTHONPATH")])])}
+                   [*census, str(tree), str(shim),
+                    *filter(None, [os.environ.get("PYTHONPATH")])])}
+        Path(f"{cache}/census").mkdir()
         t0 = time.perf_counter()
         r = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
         wall = time.perf_counter() - t0
+        counted = count_compiles(Path(f"{cache}/census")) if args.census else ""
     if r.returncode not in (0, 1):
         raise SystemExit(f"{tree}: {' '.join(cmd)} exited {r.returncode}:\n{r.stderr[-3000:]}")
     s = json.loads(r.stdout.strip().splitlines()[-1])
@@ -79,7 +84,28 @@ def run(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
             "restarts": restarts(s),
             "strata": {k: (s.get("stratum_rows", {}).get(k, 0), v)
                        for k, v in s.get("stratum_seconds", {}).items()},
-            "summary": s}
+            "summary": s, "census": counted}
+
+
+def count_compiles(folder: Path) -> str:
+    """The census of one run (``benchmarks/census/sitecustomize.py``'s logs), in words:
+    per kind of compile, how many, in how many processes, their seconds, and the distinct
+    signatures Helion bound per process."""
+    kinds: dict[str, list[float]] = {}
+    pids: dict[str, set[str]] = {}
+    keys: dict[str, set[str]] = {}
+    for log in folder.glob("*.log"):
+        for line in log.read_text().splitlines():
+            kind, _, seconds, key = [*line.split("\t"), "", "", "", ""][:4]
+            kinds.setdefault(kind, []).append(float(seconds or 0))
+            pids.setdefault(kind, set()).add(log.stem)
+            if kind == "bind":
+                keys.setdefault(log.stem, set()).add(key)
+    distinct = [len(k) for k in keys.values()]
+    return "; ".join(
+        f"{kind} {len(xs)} in {len(pids[kind])} process(es), {sum(xs):.1f} s"
+        + (f" (max {max(xs):.1f} s)" if xs else "") for kind, xs in sorted(kinds.items())
+    ) + (f"; distinct signatures bound per process: {sorted(distinct)}" if distinct else "")
 
 
 def restarts(summary: dict[str, Any]) -> int:
@@ -145,6 +171,9 @@ def arguments(doc: str | None, *, baseline_required: bool, rounds: int, seconds:
     ap.add_argument("--args", default="--contract helion",
                     help="more arguments for both commands (default: --contract helion)")
     ap.add_argument("--keep", metavar="DIR", help=keep)
+    ap.add_argument("--census", action="store_true",
+                    help="count and time every Helion binding and config compile and every "
+                         "Triton compile of each run (benchmarks/census/sitecustomize.py)")
     return ap
 
 
@@ -174,6 +203,8 @@ def main() -> None:
                       flush=True)
                 if before:
                     print(f"      before it: {before}")
+                if got["census"]:
+                    print(f"      compiles: {got['census']}")
                 print("      strata (rows, job-s): " + ", ".join(
                     f"{k} {n:,} rows {sec:.0f} s" for k, (n, sec) in got["strata"].items()))
                 if args.keep:

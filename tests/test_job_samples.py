@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import subprocess
 import sys
 import types
@@ -96,8 +97,37 @@ def test_frozen_jobs_shows_each_jobs_last_stack_and_threads() -> None:
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     jobs = r.stdout.split("=== job process ")[1:]
-    assert r.stdout.startswith('campaign: {"') and len(jobs) == 2, r.stdout[-3000:]
+    assert r.stdout.startswith("exit status ") and len(jobs) == 2, r.stdout[-3000:]
+    assert re.search(r"^campaign: \d+ examples, \d+ failure", r.stdout, re.M), r.stdout[:3000]
+    # what the samples were doing, per job and in all, in shares that add up to about 100
+    doing = r.stdout.split("what the jobs' main threads were doing (sampled):", 1)[1]
+    shares = [int(x) for x in re.findall(r"(\d+)%", doing.split("\n  all: ", 1)[1]
+                                          .splitlines()[0])]
+    assert doing.count("samples: ") == 2 and 90 <= sum(shares) <= 100, doing[:2000]
     for job in jobs:
         assert "its writer last wrote at " in job and "never" not in job.splitlines()[0]
         assert " s of the campaign (looked at " in job
         assert "kda_fuzz/campaign/runner.py" in job and "threads (tid name state" in job
+
+
+@pytest.mark.slow
+def test_the_census_counts_each_helion_binding_and_collection(tmp_path: Path) -> None:
+    """``benchmarks/census`` (``paired.py --census``) in a campaign's processes: each Helion
+    binding of a new signature is logged with its signature, the garbage collections of
+    the oldest generation too, and ``count_compiles`` sums them per kind."""
+    import paired
+
+    env = {**os.environ, "KDA_FUZZ_CENSUS": str(tmp_path),
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "benchmarks" / "census"), str(ROOT),
+                                          os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([sys.executable, "-m", "kda_fuzz", "fuzz", "--contract", "helion",
+                        "--jobs", "1", "--max-examples", "4", "--valid-share", "1",
+                        "--seed", "3", "--no-save", "--json"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    binds = [line.split("\t") for log in tmp_path.glob("*.log")
+             for line in log.read_text().splitlines() if line.startswith("bind\t")]
+    assert binds and all(len(b) == 4 and float(b[2]) > 0 and "float" in b[3] for b in binds)
+    words = paired.count_compiles(tmp_path)
+    assert re.search(rf"\bbind {len(binds)} in 1 process\(es\)", words), words
+    assert "distinct signatures bound per process: [" in words

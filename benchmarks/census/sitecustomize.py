@@ -1,0 +1,102 @@
+"""Compile census for ``benchmarks/paired.py --census``: imported at every Python start of
+the measured command (this folder first on ``PYTHONPATH``), it times each Helion binding of
+a new signature (``BoundKernel.__init__``), each Helion config's code generation
+(``BoundKernel.compile_config``) and each Triton compile (``JITFunction._do_compile``) and each
+garbage collection of the oldest generation (or any over 5 ms), and
+appends one line per event to ``$KDA_FUZZ_CENSUS/<pid>.log``: kind, start (epoch s),
+seconds, key. Nothing of the tree under measurement is changed."""
+
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import importlib.util
+import os
+import sys
+import time
+from typing import ClassVar
+
+OUT = os.environ.get("KDA_FUZZ_CENSUS")
+
+
+def _log(kind: str, t0: float, key: str) -> None:
+    with open(f"{OUT}/{os.getpid()}.log", "a") as f:
+        f.write(f"{kind}\t{t0:.3f}\t{time.time() - t0:.4f}\t{key}\n")
+
+
+def _timed(kind: str, fn, key_of):  # type: ignore[no-untyped-def]
+    @functools.wraps(fn)
+    def wrapper(*a, **k):  # type: ignore[no-untyped-def]
+        t0 = time.time()
+        try:
+            return fn(*a, **k)
+        finally:
+            try:
+                _log(kind, t0, key_of(*a, **k))
+            except Exception as e:  # (a census never breaks the run)
+                _log(kind, t0, f"?{type(e).__name__}")
+    return wrapper
+
+
+def _signature(args) -> str:  # type: ignore[no-untyped-def]
+    out = []
+    for x in args:
+        shape = getattr(x, "shape", None)
+        out.append(f"{tuple(shape)}:{str(x.dtype)[6:]}:{x.stride()}" if shape is not None
+                   else repr(x)[:20])
+    return " ".join(out)
+
+
+def _helion(module) -> None:  # type: ignore[no-untyped-def]
+    bk = module.BoundKernel
+    bk.__init__ = _timed("bind", bk.__init__, lambda self, kernel, args: _signature(args))
+    bk.compile_config = _timed("config", bk.compile_config, lambda self, *a, **k: "")
+
+
+def _triton(module) -> None:  # type: ignore[no-untyped-def]
+    jf = module.JITFunction
+    jf._do_compile = _timed("triton", jf._do_compile,
+                            lambda self, key, *a, **k: f"{self.fn.__name__} {hash(str(key))}")
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    patches: ClassVar[dict] = {"helion.runtime.kernel": _helion, "triton.runtime.jit": _triton}
+
+    def find_spec(self, name, path, target=None):  # type: ignore[no-untyped-def]
+        if name not in self.patches:
+            return None
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return None
+        run = spec.loader.exec_module
+
+        def exec_module(module, run=run, patch=self.patches[name]):  # type: ignore[no-untyped-def]
+            run(module)
+            patch(module)
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def _collections() -> None:
+    """Log every garbage collection of generation 2, and any other over 5 ms."""
+    import gc
+
+    started = [0.0]
+
+    def callback(phase: str, info: dict) -> None:  # type: ignore[type-arg]
+        if phase == "start":
+            started[0] = time.time()
+        elif info["generation"] == 2 or time.time() - started[0] > 0.005:
+            _log(f"gc{info['generation']}", started[0], f"{info['collected']} collected")
+
+    gc.callbacks.append(callback)
+
+
+if OUT:
+    sys.meta_path.insert(0, _Finder())
+    _collections()
