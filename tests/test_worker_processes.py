@@ -132,10 +132,69 @@ def test_a_forgotten_worker_is_not_joined_at_exit() -> None:
 
 def test_the_fork_server_leaves_dynamo_inductor_and_sklearn_to_the_jobs() -> None:
     """Where a GPU is visible the fork server imports only what starts nothing a fork
-    breaks: TorchDynamo, Inductor and scikit-learn are left to the jobs (see
+    breaks: TorchDynamo, Inductor and scikit-learn are not named (helion, which imports
+    them, is preloaded under torch's NVML-based CUDA check: see the next test) (see
     DEVICE_FREE_IMPORTS)."""
     from kda_fuzz.execution import DEVICE_FREE_IMPORTS
 
     preloaded = {m for mods in DEVICE_FREE_IMPORTS.values() for m in mods}
     assert preloaded and not {m for m in preloaded
                               if m.startswith(("torch._dynamo", "torch._inductor", "sklearn"))}
+
+
+def test_a_compile_leaves_what_it_kept_out_of_the_collectors_walks() -> None:
+    """What a process holds when a kernel compile ends is frozen (``gc.freeze``: no full
+    collection walks it again), and the garbage of that moment is collected first, never
+    frozen (it would be kept forever)."""
+    import gc
+    import weakref
+
+    from kda_fuzz.execution import compiles
+
+    class Node:
+        pass
+
+    gc.unfreeze()
+    try:
+        with compiles.compiling():
+            kept = [{"i": i} for i in range(5000)]  # what a compile leaves behind
+            cycle = Node()
+            cycle.self = cycle  # garbage only a collection finds
+            gone = weakref.ref(cycle)
+            del cycle
+        assert gc.get_freeze_count() >= len(kept)
+        assert gone() is None
+        tracked = {id(o) for o in gc.get_objects()}
+        assert not any(id(d) in tracked for d in kept[:100])  # out of every generation
+    finally:
+        gc.unfreeze()
+
+
+@pytest.mark.parametrize("users", [None, "0"])
+def test_the_fork_server_asks_torch_about_cuda_through_nvml(users: str | None) -> None:
+    """The fork server starts with ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` (its imports, helion's
+    among them, then leave CUDA uninitialised, so that its forks can use it), unless the
+    user set it; the caller's own environment is left as it was."""
+    code = (
+        "import os\n"
+        "from multiprocessing import forkserver\n"
+        "from kda_fuzz.workers.process import NVML_CHECK, worker_context\n"
+        "before = os.environ.get(NVML_CHECK)\n"
+        "worker_context()\n"
+        "import time\n"
+        "pid = forkserver._forkserver._forkserver_pid\n"
+        "t0 = time.monotonic()\n"  # (until it has exec'd: its environment is then its own)
+        "while b'forkserver' not in open(f'/proc/{pid}/cmdline', 'rb').read() \\\n"
+        "        and time.monotonic() - t0 < 30:\n"
+        "    time.sleep(0.05)\n"
+        "env = dict(e.split(b'=', 1) for e in open(f'/proc/{pid}/environ', 'rb').read()"
+        ".split(b'\\0') if b'=' in e)\n"
+        "print(env.get(NVML_CHECK.encode(), b'-').decode(),\n"
+        "      os.environ.get(NVML_CHECK) == before)\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTORCH_NVML_BASED_CUDA_CHECK"}
+    if users is not None:
+        env["PYTORCH_NVML_BASED_CUDA_CHECK"] = users
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == [users or "1", "True"]

@@ -71,6 +71,7 @@ from kda_fuzz.engine.targets import Target, load_target
 from kda_fuzz.engine.verdict import Verdict
 from kda_fuzz.execution import compiles
 from kda_fuzz.workers.process import (
+    NVML_CHECK,
     exit_with_parent,
     forget,
     how_it_ended,
@@ -241,7 +242,14 @@ def _run_job(job: Job, conn: Any, stop: Any, record: Any) -> None:
 
         spec = job.spec  # (its contract looked up once, as it was unpickled)
         gpus = torch.cuda.device_count() if spec.device == "cuda" else 1
-        device = claim_device(spec.device, job.index, -(-spec.jobs // max(1, gpus)))
+        try:
+            device = claim_device(spec.device, job.index, -(-spec.jobs // max(1, gpus)))
+        except RuntimeError as e:
+            if "forked subprocess" not in str(e):
+                raise
+            raise EnvironmentFailure(
+                f"this job cannot use CUDA: a module the fork server imported initialised it "
+                f"({e}); set {NVML_CHECK}=1, or report the kernel library's version") from e
         contract = spec.contract
         if not device.startswith("cuda") and contract.execution is not None:
             contract.execution.configure_cpu()
@@ -285,6 +293,7 @@ def _run_job(job: Job, conn: Any, stop: Any, record: Any) -> None:
                      resume=job.resume, hard=job.hard, seen=job.seen,
                      unexecutable=job.unexecutable)
         holder.append(c)
+        compiles.freeze_heap()  # (the imports done; the compilers' own: after each compile)
         try:
             c.report.startup_seconds += max(0.0, time.monotonic() - job.launched)
             rep = c.run()

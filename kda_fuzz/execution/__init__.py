@@ -5,19 +5,20 @@
 RUNTIMES = ("triton", "helion")
 
 
-# What each kernel library imports that starts nothing on a device when imported: a fork
-# server may import these where a GPU is visible, so that its workers do not import them
-# each (seconds apiece where Python may not write bytecode). The library itself is left to
-# the workers, and so are TorchDynamo, Inductor and the scikit-learn of Helion's autotuner:
-# scikit-learn starts a native thread on import (no fork of such a process is safe), and
-# with the others imported by the fork server (974f32d) Helion campaigns on an H100 saw
-# their jobs frozen inside compiles until the deadline killed them. Jobs that import them
-# themselves were seen frozen the same way on later H100 starts (2026-12-06, the
-# 2026-11-30 tree's too): the preload is not proven the cause, and stays off until a GPU
-# run says otherwise (benchmarks/frozen_jobs.py).
+# What each kernel library imports that initialises no device when imported: a fork
+# server may import these where a GPU is visible (it runs with torch's NVML-based CUDA
+# check, kda_fuzz.workers.process.start_fork_server), so that its workers do not import
+# them each. helion among them: its import was what a GPU job's start-up mostly was, 8-11 s
+# in each of 8 jobs starting at once (benchmarks/startup_probe.py, H100, helion 1.4.0,
+# torch 2.11); preloaded, the 8 jobs' start-up summed 23.6 s, not 68-126 s. Without the
+# NVML-based check, a process that imported helion left its forks unable to use CUDA
+# ("Cannot re-initialize CUDA in forked subprocess"); a job that meets that error ends the
+# campaign as the environment's failure. TorchDynamo and Inductor come with helion; jobs
+# were seen frozen inside compiles on some H100 starts with and without them preloaded
+# (the 2026-11-30 tree's too): a compile's stall is never a finding (execution/compiles.py).
 DEVICE_FREE_IMPORTS = {
     "triton": ("triton", "triton.language", "triton.runtime.jit"),
-    "helion": ("triton", "triton.language", "triton.runtime.jit"),
+    "helion": ("triton", "triton.language", "triton.runtime.jit", "helion"),
 }
 
 

@@ -71,8 +71,25 @@ def compiling() -> Iterator[None]:
         yield
     finally:
         _depth[0] -= 1
-        if _depth[0] == 0 and _listener:
-            _listener[0](0.0)
+        if _depth[0] == 0:
+            # what the compile keeps (the compilers' lazy imports, the kernel's code) out
+            # of the collector's walks: each full walk is then as long as what came since
+            freeze_heap()
+            if _listener:
+                _listener[0](0.0)
+
+
+def freeze_heap(collect: bool = True) -> None:
+    """Take every object alive now out of the garbage collector's full walks
+    (``gc.freeze``): a job's imports (torch, the kernel libraries and their compilers) are
+    millions of objects that live as long as the process, and each full collection walked
+    them all, tenths of a second a time, dozens of times a minute while kernels compile.
+    ``collect``: collect the garbage first, so that none is kept forever."""
+    import gc
+
+    if collect:
+        gc.collect()
+    gc.freeze()
 
 
 def in_compile() -> bool:

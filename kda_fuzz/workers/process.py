@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 # engine (seconds of imports per worker otherwise). It runs nothing: no torch thread pool,
 # no CUDA context, so its forks are as clean as spawned processes.
 PRELOAD = ["kda_fuzz.campaign.supervisor"]
+NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"  # torch's fork-safe CUDA check (see below)
 _also: list[str] = []  # more modules the fork server imports (start_fork_server's ``also``)
 
 
@@ -48,10 +49,17 @@ def _ensure_fork_server() -> None:
             or mp.parent_process() is not None:  # a worker's own workers: as multiprocessing does
         return
     old = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # the server's imports ask torch whether CUDA is there through NVML, which leaves
+    # CUDA uninitialised (its forks could not use it otherwise); a user's setting holds
+    ours = NVML_CHECK not in os.environ
+    if ours:
+        os.environ[NVML_CHECK] = "1"
     try:
         forkserver.ensure_running()
     finally:
         signal.signal(signal.SIGTERM, old)
+        if ours:
+            del os.environ[NVML_CHECK]
 
 
 def start_fork_server(also: list[str] | tuple[str, ...] = (),
