@@ -198,3 +198,20 @@ def test_the_fork_server_asks_torch_about_cuda_through_nvml(users: str | None) -
                        timeout=120, cwd=Path(__file__).resolve().parents[1])
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split() == [users or "1", "True"]
+
+
+def _freeze_count(path: str) -> None:
+    import gc
+
+    Path(path).write_text(str(gc.get_freeze_count()))
+
+
+def test_the_fork_servers_forks_start_from_a_frozen_heap(tmp_path: Path) -> None:
+    """The fork server freezes its heap once its imports are done (kda_fuzz.workers.
+    preloaded, imported last): a worker's collections do not walk torch and the engine."""
+    out = tmp_path / "count"
+    proc = worker_process(worker_context(), _freeze_count, (str(out),))
+    proc.start()
+    proc.join(timeout=120)
+    assert proc.exitcode == 0
+    assert int(out.read_text()) > 100_000  # (torch's and the engine's objects)

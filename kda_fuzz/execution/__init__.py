@@ -10,7 +10,8 @@ RUNTIMES = ("triton", "helion")
 # check, kda_fuzz.workers.process.start_fork_server), so that its workers do not import
 # them each. helion among them: its import was what a GPU job's start-up mostly was, 8-11 s
 # in each of 8 jobs starting at once (benchmarks/startup_probe.py, H100, helion 1.4.0,
-# torch 2.11); preloaded, the 8 jobs' start-up summed 23.6 s, not 68-126 s. Without the
+# torch 2.11); preloaded, the 8 jobs' start-up summed 23.6 s in one 30 s campaign (68-126 s
+# in nine runs without it, on other machine starts). Without the
 # NVML-based check, a process that imported helion left its forks unable to use CUDA
 # ("Cannot re-initialize CUDA in forked subprocess"); a job that meets that error ends the
 # campaign as the environment's failure. TorchDynamo and Inductor come with helion; jobs

@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 PRELOAD = ["kda_fuzz.campaign.supervisor"]
 NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"  # torch's fork-safe CUDA check (see below)
 _also: list[str] = []  # more modules the fork server imports (start_fork_server's ``also``)
+LAST_PRELOAD = "kda_fuzz.workers.preloaded"  # (freezes the heap its forks start from)
 
 
 def worker_context() -> BaseContext:
@@ -30,7 +31,7 @@ def worker_context() -> BaseContext:
     if not sys.platform.startswith("linux") or "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload([*PRELOAD, *_also])
+    ctx.set_forkserver_preload([*PRELOAD, *_also, LAST_PRELOAD])
     _ensure_fork_server()
     return ctx
 
