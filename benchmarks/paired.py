@@ -63,17 +63,19 @@ def run(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
         shim.mkdir()
         if (tree / "kernels").is_dir():
             (shim / "kda_fuzz_kernels").symlink_to(tree / "kernels")
-        census = [str(HERE / "benchmarks" / "census")] if args.census else []
+        census = Path(cache) / "census"  # (its logs, with --census)
         env = {**os.environ, "TRITON_CACHE_DIR": f"{cache}/triton",
-               "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor", "KDA_FUZZ_CENSUS": f"{cache}/census",
+               "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor",
                "PYTHONPATH": os.pathsep.join(
-                   [*census, str(tree), str(shim),
-                    *filter(None, [os.environ.get("PYTHONPATH")])])}
-        Path(f"{cache}/census").mkdir()
+                   [*([str(HERE / "benchmarks" / "census")] if args.census else []),
+                    str(tree), str(shim), *filter(None, [os.environ.get("PYTHONPATH")])])}
+        if args.census:
+            census.mkdir()
+            env["KDA_FUZZ_CENSUS"] = str(census)
         t0 = time.perf_counter()
         r = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
         wall = time.perf_counter() - t0
-        counted = count_compiles(Path(f"{cache}/census")) if args.census else ""
+        counted = count_compiles(census) if args.census else ""
     if r.returncode not in (0, 1):
         raise SystemExit(f"{tree}: {' '.join(cmd)} exited {r.returncode}:\n{r.stderr[-3000:]}")
     s = json.loads(r.stdout.strip().splitlines()[-1])

@@ -6,17 +6,17 @@ RUNTIMES = ("triton", "helion")
 
 
 # What each kernel library imports that initialises no device when imported: a fork
-# server may import these where a GPU is visible (it runs with torch's NVML-based CUDA
-# check, kda_fuzz.workers.process.start_fork_server), so that its workers do not import
-# them each. helion among them: its import was what a GPU job's start-up mostly was, 8-11 s
-# in each of 8 jobs starting at once (benchmarks/startup_probe.py, H100, helion 1.4.0,
-# torch 2.11); preloaded, the 8 jobs' start-up summed 23.6 s in one 30 s campaign (68-126 s
-# in nine runs without it, on other machine starts). Without the
-# NVML-based check, a process that imported helion left its forks unable to use CUDA
-# ("Cannot re-initialize CUDA in forked subprocess"); a job that meets that error ends the
-# campaign as the environment's failure. TorchDynamo and Inductor come with helion; jobs
-# were seen frozen inside compiles on some H100 starts with and without them preloaded
-# (the 2026-11-30 tree's too): a compile's stall is never a finding (execution/compiles.py).
+# server may import these where a GPU is visible (it starts with torch's NVML-based CUDA
+# check, kda_fuzz.workers.process), so that its workers do not import them each. helion
+# among them: its import was what a GPU job's start-up mostly was, 8-11 s in each of 8
+# jobs starting at once (benchmarks/startup_probe.py, H100, helion 1.4.0, torch 2.11);
+# preloaded, the 8 jobs' start-up summed 23.6 s in one 30 s campaign (68-126 s in nine
+# runs without it, on other machine starts). Without the NVML-based check, a process that
+# imported helion left its forks unable to use CUDA ("Cannot re-initialize CUDA in forked
+# subprocess"); a job that meets that error ends the campaign as the environment's
+# failure. TorchDynamo and Inductor come with helion; jobs were seen frozen inside
+# compiles on some H100 starts with and without them preloaded (the 2026-11-30 tree's
+# too): a compile's stall is never a finding (execution/compiles.py).
 DEVICE_FREE_IMPORTS = {
     "triton": ("triton", "triton.language", "triton.runtime.jit"),
     "helion": ("triton", "triton.language", "triton.runtime.jit", "helion"),
