@@ -215,3 +215,32 @@ def test_the_fork_servers_forks_start_from_a_frozen_heap(tmp_path: Path) -> None
     proc.join(timeout=120)
     assert proc.exitcode == 0
     assert int(out.read_text()) > 100_000  # (torch's and the engine's objects)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="pipe sizes are Linux's")
+def test_message_pipe_buffers_a_jobs_progress_left_unread():
+    """A job's progress (kilobytes, several times a second) left unread for a while (the
+    command importing targets as the jobs start) does not stop the job in ``send``: 300 kB
+    of messages go into the pipe with no one reading (a default pipe holds 64 KiB)."""
+    import multiprocessing as mp
+    import threading
+
+    from kda_fuzz.workers.process import message_pipe
+
+    reader, writer = message_pipe(mp.get_context("spawn"))
+    message = {"examples": 1, "history": ["x" * 4000]}
+    sent = threading.Event()
+
+    def send_all() -> None:
+        for _ in range(75):
+            writer.send(message)
+        sent.set()
+
+    threading.Thread(target=send_all, daemon=True).start()
+    finished = sent.wait(10.0)
+    got = 0
+    while reader.poll(0.5 if not sent.is_set() else 0):
+        reader.recv()
+        got += 1
+    assert finished, "the writer was stopped by a full pipe"
+    assert got == 75

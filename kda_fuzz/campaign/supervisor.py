@@ -76,6 +76,7 @@ from kda_fuzz.workers.process import (
     forget,
     how_it_ended,
     kill_tree,
+    message_pipe,
     worker_context,
     worker_process,
 )
@@ -373,7 +374,7 @@ class Supervisor:
         record = state.record if state is not None else self.ctx.RawArray(
             "d", CALIBRATION + store_size(len(self.targets) + len(self.peers)))
         record[STATE], record[LIMIT] = IDLE, 0.0
-        reader, writer = self.ctx.Pipe(duplex=False)
+        reader, writer = message_pipe(self.ctx)
         spec = replace(spec, launched=time.monotonic())  # (one clock for all processes)
         proc = worker_process(self.ctx, _run_job, (spec, writer, self.stop, record))
         proc.start()

@@ -77,6 +77,25 @@ def start_fork_server(also: list[str] | tuple[str, ...] = (),
     worker_context()
 
 
+PIPE_BYTES = 1 << 20  # a job's messages buffered unread: about a minute of its progress
+
+
+def message_pipe(ctx: BaseContext) -> tuple[Any, Any]:
+    """``ctx.Pipe(duplex=False)`` (reader, writer) whose buffer holds ``PIPE_BYTES`` where
+    the system allows (Linux; up to ``/proc/sys/fs/pipe-max-size``): a job writes its
+    progress several times a second (kilobytes each), and a default 64 KiB pipe that its
+    reader leaves unread for some seconds (the command still importing the targets as the
+    jobs start) would stop the job in ``send``."""
+    reader, writer = ctx.Pipe(duplex=False)
+    try:
+        import fcntl
+
+        fcntl.fcntl(writer.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+    except (ImportError, AttributeError, OSError, ValueError):
+        pass  # (elsewhere, or over the limit: the default buffer)
+    return reader, writer
+
+
 def gpu_visible() -> bool:
     """Whether this machine shows a GPU driver's device files (NVIDIA's or AMD's); cheap:
     nothing is imported."""
