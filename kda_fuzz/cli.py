@@ -1100,6 +1100,15 @@ def _project_families() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line on ``argv`` (``None``: the process's own): its exit code."""
+    from kda_fuzz.workers.process import settle_fork_server
+
+    try:
+        return _main(argv)
+    finally:
+        settle_fork_server()  # (one started early serves forks, whatever happened)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     try:
         parser = build_parser()
     except UsageError as e:  # a project's family options that cannot be loaded
@@ -1120,6 +1129,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         _project_families()
         if args.command == "fuzz":
             check_fuzz_args(args)  # before anything heavy is imported
+            if not args.no_isolate:  # (its workers: forks of the fork server)
+                from kda_fuzz.workers.process import start_fork_server_early
+
+                # torch and the engine imported there while this process imports its own;
+                # the kernel libraries once the targets are known (_fuzz)
+                start_fork_server_early()
             _choose(args)  # imports the contracts only to name their own kernels
         from kda_fuzz.engine.oracle import EnvironmentFailure
     except UsageError as e:

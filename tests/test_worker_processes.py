@@ -244,3 +244,75 @@ def test_message_pipe_buffers_a_jobs_progress_left_unread():
         got += 1
     assert finished, "the writer was stopped by a full pipe"
     assert got == 75
+
+
+_EARLY = (
+    "import sys, time\n"
+    "from pathlib import Path\n"
+    "from multiprocessing import forkserver\n"
+    "from kda_fuzz.workers import process as p\n"
+    "p.start_fork_server_early()\n"
+    "pid = forkserver._forkserver._forkserver_pid\n"
+    "print(pid, flush=True)\n"
+    "{then}\n")
+
+
+def _report_modules(path: str, names: list[str]) -> None:
+    import gc
+
+    Path(path).write_text(" ".join([*(str(n in sys.modules) for n in names),
+                                    str(gc.get_freeze_count() > 0)]))
+
+
+def _early(then: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", _EARLY.format(then=then)],
+                          capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1])
+
+
+def test_a_fork_server_started_early_imports_what_it_is_told_later(tmp_path: Path) -> None:
+    """``start_fork_server_early`` (the command, before it knows its targets) starts the
+    server at once; the modules ``start_fork_server`` names later are imported there before
+    the first fork, and the heap is frozen after them."""
+    out = tmp_path / "modules"
+    r = _early(
+        "time.sleep(0.5)\n"  # (the command choosing its targets)
+        "p.start_fork_server(('xml.dom.minidom',), ('wave',))\n"
+        "sys.path.insert(0, 'tests')\n"
+        "from test_worker_processes import _report_modules\n"
+        f"w = p.worker_process(p.worker_context(), _report_modules, ({str(out)!r}, "
+        "['xml.dom.minidom', 'wave', 'kda_fuzz.campaign.supervisor']))\n"
+        "w.start(); w.join(120); print(w.exitcode)")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split()[-1] == "0"
+    gpu = Path("/dev/nvidiactl").exists() or Path("/dev/kfd").exists()
+    # where a GPU is visible, only the device-free modules (the second list) are imported
+    assert out.read_text().split() == [str(not gpu), "True", "True", "True"]
+
+
+def test_an_early_fork_server_told_nothing_still_serves(tmp_path: Path) -> None:
+    """A command that ends before naming its modules (a usage error) settles the server
+    (``settle_fork_server``): it forks without them rather than wait."""
+    out = tmp_path / "modules"
+    r = _early(
+        "p.settle_fork_server()\n"
+        "sys.path.insert(0, 'tests')\n"
+        "from test_worker_processes import _report_modules\n"
+        f"w = p.worker_process(p.worker_context(), _report_modules, ({str(out)!r}, "
+        "['xml.dom.minidom']))\n"
+        "t = time.monotonic(); w.start(); w.join(120); print(w.exitcode, time.monotonic() - t)")
+    assert r.returncode == 0, r.stderr[-2000:]
+    code, seconds = r.stdout.split()[-2:]
+    assert code == "0" and float(seconds) < 60
+    assert out.read_text().split() == ["False", "True"]
+
+
+def test_an_early_fork_server_whose_command_died_does_not_stay() -> None:
+    """A server still waiting for its modules ends once the command that started it is
+    gone (it is never left behind importing or waiting)."""
+    r = _early("import os; os._exit(0)")
+    pid = int(r.stdout.split()[0])
+    end = time.monotonic() + 30
+    while _alive(pid) and time.monotonic() < end:
+        time.sleep(0.1)
+    assert not _alive(pid)

@@ -1,10 +1,14 @@
-"""Imported last by the fork server (``kda_fuzz.workers.process.worker_context``): its
-imports done, the heap that every fork starts from is frozen once
+"""Imported last by the fork server (``kda_fuzz.workers.process.worker_context``): first
+the modules a server started early is told of later
+(:func:`kda_fuzz.workers.process.import_later_preloads`), then, its imports done, the heap
+that every fork starts from is frozen once
 (:func:`kda_fuzz.execution.compiles.freeze_heap`), so that no fork's garbage collections
 walk it and a job's own start-up collection walks only what the job made. Not collected
 first: that walk (0.36 s after torch, the engine and helion on the 2-core machine) would
 delay every fork, and found no garbage there (0 objects collected)."""
 
 from kda_fuzz.execution.compiles import freeze_heap
+from kda_fuzz.workers.process import import_later_preloads
 
+import_later_preloads()  # (a server started before the command chose its targets)
 freeze_heap(collect=False)

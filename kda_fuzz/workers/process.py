@@ -21,6 +21,10 @@ PRELOAD = ["kda_fuzz.campaign.supervisor"]
 NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"  # torch's fork-safe CUDA check (see below)
 _also: list[str] = []  # more modules the fork server imports (start_fork_server's ``also``)
 LAST_PRELOAD = "kda_fuzz.workers.preloaded"  # (freezes the heap its forks start from)
+# A fork server started before its kernel libraries are known (``start_fork_server_early``)
+# reads them from the file this variable names, once the command has written it
+LATER_PRELOAD = "KDA_FUZZ_LATER_PRELOAD"
+_later: list[str] = []  # that file's path while it is still to be written
 
 
 def worker_context() -> BaseContext:
@@ -36,7 +40,7 @@ def worker_context() -> BaseContext:
     return ctx
 
 
-def _ensure_fork_server() -> None:
+def _ensure_fork_server(env: dict[str, str] | None = None) -> None:
     """Start the fork server (once) with SIGTERM ignored, as it stays (an ignored signal
     stays ignored across ``exec``). A SIGTERM to the whole process group (``timeout``,
     ``docker stop``, a CI runner) would otherwise end the server, and multiprocessing then
@@ -52,15 +56,14 @@ def _ensure_fork_server() -> None:
     old = signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # the server's imports ask torch whether CUDA is there through NVML, which leaves
     # CUDA uninitialised (its forks could not use it otherwise); a user's setting holds
-    ours = NVML_CHECK not in os.environ
-    if ours:
-        os.environ[NVML_CHECK] = "1"
+    added = {**({NVML_CHECK: "1"} if NVML_CHECK not in os.environ else {}), **(env or {})}
+    os.environ.update(added)
     try:
         forkserver.ensure_running()
     finally:
         signal.signal(signal.SIGTERM, old)
-        if ours:
-            del os.environ[NVML_CHECK]
+        for name in added:
+            del os.environ[name]
 
 
 def start_fork_server(also: list[str] | tuple[str, ...] = (),
@@ -74,7 +77,74 @@ def start_fork_server(also: list[str] | tuple[str, ...] = (),
     start no thread pool on import belong there."""
     wanted = [*device_free] if gpu_visible() else [*also, *device_free]
     _also[:] = [m for m in dict.fromkeys(wanted) if m not in PRELOAD]
+    if _later:  # started early: it waits for this list
+        _write_later(_also)
     worker_context()
+
+
+def start_fork_server_early() -> None:
+    """Start the fork server before the command knows its targets: it imports torch and the
+    engine at once, overlapping the command's own imports, then waits (in ``LAST_PRELOAD``)
+    for the modules that ``start_fork_server`` names (none if ``settle_fork_server`` comes
+    first) and imports them before its first fork. Does nothing where a fork server runs
+    already or none is used (see ``worker_context``)."""
+    from multiprocessing import forkserver
+
+    if _later or not sys.platform.startswith("linux") \
+            or "forkserver" not in mp.get_all_start_methods() \
+            or getattr(forkserver._forkserver, "_forkserver_pid", None) is not None \
+            or threading.current_thread() is not threading.main_thread() \
+            or mp.parent_process() is not None:
+        return
+    import tempfile
+
+    path = os.path.join(tempfile.gettempdir(), f"kda-fuzz-preload-{os.getpid()}-{time.time_ns()}")
+    _later.append(path)
+    mp.get_context("forkserver").set_forkserver_preload([*PRELOAD, LAST_PRELOAD])
+    _ensure_fork_server({LATER_PRELOAD: f"{os.getpid()}:{path}"})  # (whose it is: the command)
+
+
+def settle_fork_server() -> None:
+    """An early fork server that still waits for its modules is told there are none (the
+    command ended before it chose them), so that it serves forks."""
+    if _later:
+        _write_later([])
+
+
+def _write_later(modules: list[str]) -> None:
+    path = _later.pop()
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write("\n".join(modules))
+    os.replace(tmp, path)  # (whole, or not there: the server reads it once it exists)
+
+
+def import_later_preloads(timeout: float = 600.0) -> None:
+    """In the fork server (``LAST_PRELOAD``): import the modules the command names in the
+    file ``LATER_PRELOAD`` points to, waiting for it; gives up when the command is gone or
+    after ``timeout`` seconds. Modules that fail to import are skipped, as the fork
+    server's own preload does."""
+    parent, _, path = os.environ.pop(LATER_PRELOAD, "").partition(":")
+    if not path:
+        return
+    until = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if str(os.getppid()) != parent or time.monotonic() > until:
+            return
+        time.sleep(0.01)
+    try:
+        with open(path) as f:
+            modules = [m for m in f.read().split() if m]
+        os.unlink(path)
+    except OSError:
+        return
+    import importlib
+
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception:
+            pass
 
 
 PIPE_BYTES = 1 << 20  # a job's messages buffered unread: about a minute of its progress
