@@ -32,27 +32,36 @@ def worker_context() -> BaseContext:
     of a fork server that has only imported ``PRELOAD`` (never of a process whose thread
     pool or CUDA context runs); spawned elsewhere (a fork without exec is not safe on
     macOS once system frameworks are loaded)."""
-    if not sys.platform.startswith("linux") or "forkserver" not in mp.get_all_start_methods():
+    ctx = _fork_server_context()
+    if ctx is None:
         return mp.get_context("spawn")
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload([*PRELOAD, *_also, LAST_PRELOAD])
     _ensure_fork_server()
     return ctx
 
 
-def _ensure_fork_server(env: dict[str, str] | None = None) -> None:
+def _fork_server_context() -> BaseContext | None:
+    """The forkserver context with this process's preload list (``None`` where it is not
+    used: other systems than Linux)."""
+    if not sys.platform.startswith("linux") or "forkserver" not in mp.get_all_start_methods():
+        return None
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload([*PRELOAD, *_also, LAST_PRELOAD])
+    return ctx
+
+
+def _ensure_fork_server(env: dict[str, str] | None = None) -> bool:
     """Start the fork server (once) with SIGTERM ignored, as it stays (an ignored signal
     stays ignored across ``exec``). A SIGTERM to the whole process group (``timeout``,
     ``docker stop``, a CI runner) would otherwise end the server, and multiprocessing then
     takes every worker it forked for dead (exit code 255) while the supervisor is still
     stopping them in order. SIGINT the server ignores itself. Only the main thread of
     the main process does it (only it may change a handler); elsewhere the server starts
-    as multiprocessing starts it."""
+    as multiprocessing starts it (False: not done here)."""
     from multiprocessing import forkserver
 
     if threading.current_thread() is not threading.main_thread() \
             or mp.parent_process() is not None:  # a worker's own workers: as multiprocessing does
-        return
+        return False
     old = signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # the server's imports ask torch whether CUDA is there through NVML, which leaves
     # CUDA uninitialised (its forks could not use it otherwise); a user's setting holds
@@ -64,6 +73,7 @@ def _ensure_fork_server(env: dict[str, str] | None = None) -> None:
         signal.signal(signal.SIGTERM, old)
         for name in added:
             del os.environ[name]
+    return True
 
 
 def start_fork_server(also: list[str] | tuple[str, ...] = (),
@@ -90,18 +100,16 @@ def start_fork_server_early() -> None:
     already or none is used (see ``worker_context``)."""
     from multiprocessing import forkserver
 
-    if _later or not sys.platform.startswith("linux") \
-            or "forkserver" not in mp.get_all_start_methods() \
-            or getattr(forkserver._forkserver, "_forkserver_pid", None) is not None \
-            or threading.current_thread() is not threading.main_thread() \
-            or mp.parent_process() is not None:
+    if _later or getattr(forkserver._forkserver, "_forkserver_pid", None) is not None \
+            or _fork_server_context() is None:
         return
     import tempfile
 
     path = os.path.join(tempfile.gettempdir(), f"kda-fuzz-preload-{os.getpid()}-{time.time_ns()}")
     _later.append(path)
-    mp.get_context("forkserver").set_forkserver_preload([*PRELOAD, LAST_PRELOAD])
-    _ensure_fork_server({LATER_PRELOAD: f"{os.getpid()}:{path}"})  # (whose it is: the command)
+    # (whose it is: the command's pid)
+    if not _ensure_fork_server({LATER_PRELOAD: f"{os.getpid()}:{path}"}):
+        _later.clear()  # (not started here: multiprocessing starts it, with no such wait)
 
 
 def settle_fork_server() -> None:
