@@ -72,10 +72,11 @@ def run(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
         if args.census:
             census.mkdir()
             env["KDA_FUZZ_CENSUS"] = str(census)
-        t0 = time.perf_counter()
+        t0, epoch = time.perf_counter(), time.time()
         r = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
         wall = time.perf_counter() - t0
         counted = count_compiles(census) if args.census else ""
+        marks = timeline(census, epoch, wall) if args.census else ""
     if r.returncode not in (0, 1):
         raise SystemExit(f"{tree}: {' '.join(cmd)} exited {r.returncode}:\n{r.stderr[-3000:]}")
     s = json.loads(r.stdout.strip().splitlines()[-1])
@@ -86,7 +87,10 @@ def run(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
             "restarts": restarts(s),
             "strata": {k: (s.get("stratum_rows", {}).get(k, 0), v)
                        for k, v in s.get("stratum_seconds", {}).items()},
-            "summary": s, "census": counted}
+            "summary": s, "census": counted, "timeline": marks}
+
+
+MARKS = ("python", "launch", "run")  # the census's timeline marks (not compiles)
 
 
 def count_compiles(folder: Path) -> str:
@@ -99,6 +103,8 @@ def count_compiles(folder: Path) -> str:
     for log in folder.glob("*.log"):
         for line in log.read_text().splitlines():
             kind, _, seconds, key = [*line.split("\t"), "", "", "", ""][:4]
+            if kind in MARKS:
+                continue
             kinds.setdefault(kind, []).append(float(seconds or 0))
             pids.setdefault(kind, set()).add(log.stem)
             if kind == "bind":
@@ -108,6 +114,56 @@ def count_compiles(folder: Path) -> str:
         f"{kind} {len(xs)} in {len(pids[kind])} process(es), {sum(xs):.1f} s"
         + (f" (max {max(xs):.1f} s)" if xs else "") for kind, xs in sorted(kinds.items())
     ) + (f"; distinct signatures bound per process: {sorted(distinct)}" if distinct else "")
+
+
+def _events(folder: Path) -> dict[str, list[tuple[str, float, float, str]]]:
+    """Each process's census events (pid -> kind, start, seconds, key)."""
+    out: dict[str, list[tuple[str, float, float, str]]] = {}
+    for log in folder.glob("*.log"):
+        for line in log.read_text().splitlines():
+            kind, t0, seconds, key = [*line.split("\t"), "", "", "", ""][:4]
+            out.setdefault(log.stem, []).append((kind, float(t0 or 0), float(seconds or 0),
+                                                 key))
+    return out
+
+
+def timeline(folder: Path, start: float, wall: float) -> str:
+    """Where the wall time of one run went, in seconds from the command's start (the census's
+    marks): the fork server's start, the jobs' launch, and per job (min / median / max)
+    its campaign's start, first and last example, end, and its compiles' seconds before its
+    first example and during its examples."""
+    events = _events(folder)
+    if not events:
+        return ""
+
+    def spread(xs: list[float]) -> str:
+        return (f"{min(xs):.1f}/{statistics.median(xs):.1f}/{max(xs):.1f}" if xs else "-")
+
+    server = [t for evs in events.values() for k, t, _, key in evs
+              if k == "python" and "forkserver" in key]
+    launch = [t for evs in events.values() for k, t, _, _ in evs if k == "launch"]
+    begin, first, last, end, before, during, n = [], [], [], [], [], [], []
+    for evs in events.values():
+        runs = [(t, s, key.split()) for k, t, s, key in evs if k == "run"]
+        if not runs:
+            continue
+        t, s, key = runs[-1]
+        count, a, b = (int(key[0]), float(key[1]), float(key[2])) if len(key) == 3 else (0, 0, 0)
+        begin.append(t - start)
+        end.append(t + s - start)
+        n.append(count)
+        if count:
+            first.append(a - start)
+            last.append(b - start)
+        compiles = [(t0, sec) for k, t0, sec, _ in evs if k in ("bind", "config", "triton")]
+        before.append(sum(sec for t0, sec in compiles if not count or t0 < a))
+        during.append(sum(sec for t0, sec in compiles if count and t0 >= a))
+    return (f"server {spread([t - start for t in server])}, launch "
+            f"{spread([t - start for t in launch])}; per job (min/median/max of {len(n)}): "
+            f"campaign {spread(begin)}, first example {spread(first)}, last example end "
+            f"{spread(last)}, campaign end {spread(end)} (command {wall:.1f}); compiles "
+            f"before the first example {spread(before)} s, during the examples "
+            f"{spread(during)} s; examples {spread([float(x) for x in n])}")
 
 
 def restarts(summary: dict[str, Any]) -> int:
@@ -207,6 +263,8 @@ def main() -> None:
                     print(f"      before it: {before}")
                 if got["census"]:
                     print(f"      compiles: {got['census']}")
+                if got["timeline"]:
+                    print(f"      timeline (s from the command's start): {got['timeline']}")
                 print("      strata (rows, job-s): " + ", ".join(
                     f"{k} {n:,} rows {sec:.0f} s" for k, (n, sec) in got["strata"].items()))
                 if args.keep:

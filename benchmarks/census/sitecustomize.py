@@ -2,9 +2,11 @@
 the measured command (this folder first on ``PYTHONPATH``), it times each Helion binding of
 a new signature (``BoundKernel.__init__``), each Helion config's code generation
 (``BoundKernel.compile_config``) and each Triton compile (``JITFunction._do_compile``) and each
-garbage collection of the oldest generation (or any over 5 ms), and
-appends one line per event to ``$KDA_FUZZ_CENSUS/<pid>.log``: kind, start (epoch s),
-seconds, key. Nothing of the tree under measurement is changed."""
+garbage collection of the oldest generation (or any over 5 ms), and the marks of a
+timeline: each Python start (``python``, its command line), the supervisor's start of the
+jobs (``launch``), each job's campaign (``run``, with its first example's start and its
+last example's end); it appends one line per event to ``$KDA_FUZZ_CENSUS/<pid>.log``:
+kind, start (epoch s), seconds, key. Nothing of the tree under measurement is changed."""
 
 from __future__ import annotations
 
@@ -59,8 +61,40 @@ def _triton(module) -> None:  # type: ignore[no-untyped-def]
                             lambda self, key, *a, **k: f"{self.fn.__name__} {hash(str(key))}")
 
 
+_examples = [0, 0.0, 0.0]  # examples run by this process, the first's start, the last's end
+
+
+def _example(fn):  # type: ignore[no-untyped-def]
+    @functools.wraps(fn)
+    def wrapper(*a, **k):  # type: ignore[no-untyped-def]
+        t0 = time.time()
+        try:
+            return fn(*a, **k)
+        finally:
+            _examples[0] += 1
+            _examples[1] = _examples[1] or t0
+            _examples[2] = time.time()
+    return wrapper
+
+
+def _runner(module) -> None:  # type: ignore[no-untyped-def]
+    c = module.Campaign
+    for name in ("_run_one", "_example"):  # (this tree's, the 2026-11-30 tree's)
+        if hasattr(c, name):
+            setattr(c, name, _example(getattr(c, name)))
+            break
+    c.run = _timed("run", c.run, lambda *a, **k: "{} {:.3f} {:.3f}".format(*_examples))
+
+
+def _supervisor(module) -> None:  # type: ignore[no-untyped-def]
+    module.Supervisor.start = _timed("launch", module.Supervisor.start, lambda *a, **k: "")
+
+
 class _Finder(importlib.abc.MetaPathFinder):
-    patches: ClassVar[dict] = {"helion.runtime.kernel": _helion, "triton.runtime.jit": _triton}
+    patches: ClassVar[dict] = {"helion.runtime.kernel": _helion, "triton.runtime.jit": _triton,
+                               "kda_fuzz.campaign.runner": _runner, "kda_fuzz.runner": _runner,
+                               "kda_fuzz.campaign.supervisor": _supervisor,
+                               "kda_fuzz.parallel": _supervisor}
 
     def find_spec(self, name, path, target=None):  # type: ignore[no-untyped-def]
         if name not in self.patches:
@@ -98,5 +132,6 @@ def _collections() -> None:
 
 
 if OUT:
+    _log("python", time.time(), " ".join(getattr(sys, "orig_argv", sys.argv))[:160])
     sys.meta_path.insert(0, _Finder())
     _collections()
