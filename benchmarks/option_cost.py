@@ -46,6 +46,8 @@ def main() -> None:
             startup_seconds=s.get("startup_seconds", 0.0),
             mode_seconds=s.get("mode_seconds", {})))
         print(f"{'':24} time: {line}")
+        if one["timeline"]:
+            print(f"{'':24} timeline (s from the command's start): {one['timeline']}")
     base = statistics.mean(o["examples"] / o["wall"] for e, o in got if not e)
     rows = statistics.mean(o["rows"] / o["wall"] for e, o in got if not e)
     for extra, one in got:

@@ -103,7 +103,7 @@ def count_compiles(folder: Path) -> str:
     for log in folder.glob("*.log"):
         for line in log.read_text().splitlines():
             kind, _, seconds, key = [*line.split("\t"), "", "", "", ""][:4]
-            if kind in MARKS:
+            if kind in MARKS or kind.startswith("stage:"):
                 continue
             kinds.setdefault(kind, []).append(float(seconds or 0))
             pids.setdefault(kind, set()).add(log.stem)
@@ -158,7 +158,10 @@ def timeline(folder: Path, start: float, wall: float) -> str:
         compiles = [(t0, sec) for k, t0, sec, _ in evs if k in ("bind", "config", "triton")]
         before.append(sum(sec for t0, sec in compiles if not count or t0 < a))
         during.append(sum(sec for t0, sec in compiles if count and t0 >= a))
-    return (f"server {spread([t - start for t in server])}, launch "
+    stages = sorted((t - start, s, k[6:], pid) for pid, evs in events.items()
+                    for k, t, s, _ in evs if k.startswith("stage:"))
+    return ("stages " + ", ".join(f"{k} {t:.1f}+{s:.1f}" for t, s, k, _ in stages) + "; "
+            f"server {spread([t - start for t in server])}, launch "
             f"{spread([t - start for t in launch])}; per job (min/median/max of {len(n)}): "
             f"campaign {spread(begin)}, first example {spread(first)}, last example end "
             f"{spread(last)}, campaign end {spread(end)} (command {wall:.1f}); compiles "

@@ -90,11 +90,26 @@ def _supervisor(module) -> None:  # type: ignore[no-untyped-def]
     module.Supervisor.start = _timed("launch", module.Supervisor.start, lambda *a, **k: "")
 
 
+# the command's stages before its jobs run (where a tree has them): stage:NAME marks
+STAGES = {"kda_fuzz.cli": ("_choose", "_prepare_device", "_loaded", "_calibrated"),
+          "kda_fuzz.campaign.spec": ("resolve",),
+          "kda_fuzz.workers.process": ("start_fork_server", "start_fork_server_early",
+                                       "import_later_preloads")}
+
+
+def _stages(module) -> None:  # type: ignore[no-untyped-def]
+    for name in STAGES[module.__name__]:
+        if callable(getattr(module, name, None)):
+            setattr(module, name, _timed(f"stage:{name}", getattr(module, name),
+                                         lambda *a, **k: ""))
+
+
 class _Finder(importlib.abc.MetaPathFinder):
     patches: ClassVar[dict] = {"helion.runtime.kernel": _helion, "triton.runtime.jit": _triton,
                                "kda_fuzz.campaign.runner": _runner, "kda_fuzz.runner": _runner,
                                "kda_fuzz.campaign.supervisor": _supervisor,
-                               "kda_fuzz.parallel": _supervisor}
+                               "kda_fuzz.parallel": _supervisor,
+                               **{m: _stages for m in STAGES}}
 
     def find_spec(self, name, path, target=None):  # type: ignore[no-untyped-def]
         if name not in self.patches:
