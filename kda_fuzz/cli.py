@@ -297,6 +297,11 @@ def _fuzz_parser(sub: Any, knobs: Sequence[Any] | None = None) -> None:
                    help="also capture one valid example in 4 in a CUDA graph and judge its "
                         "replay on other values of the same buffers, as serving engines run "
                         "decode (the contract does not ask it: opt-in)")
+    g.add_argument("--extra-share", type=float, default=0.15, metavar="F",
+                   help="the most share of each job's time that each extra check of passing "
+                        "cases takes (--invariance, --cuda-graphs, --helion-configs): past "
+                        "it, its turns wait until its share is back under F, and the summary "
+                        "counts them (default 0.15; 1: every turn runs)")
     _sanitize_option(g)
     g.add_argument("--sanitize-every", type=int, default=8, metavar="N",
                    help="with --sanitize: one passing valid example in N (of at most 1 MiB "
@@ -450,6 +455,8 @@ def check_fuzz_args(args: argparse.Namespace) -> None:
         raise UsageError("--compile-groups must be 0 or more")
     if args.sanitize_every < 1:
         raise UsageError("--sanitize-every must be at least 1")
+    if not 0 < args.extra_share <= 1:
+        raise UsageError("--extra-share must be more than 0 and at most 1")
     _check_device(args.device)
     _check_sanitize(args)
     if args.jobs is None:
@@ -592,6 +599,14 @@ def _start_line(args: argparse.Namespace, jobs: int) -> str:
 
         line += f"; {policy_note(args.device)}"
     return line
+
+
+def _held(report: Any, mode: str, share: float) -> str:
+    """The note's words for the turns of an extra check that waited for its share of the
+    jobs' time (``--extra-share``); none: nothing."""
+    n = report.mode_held.get(mode, 0)
+    return (f"; {n} more turn(s) waited: the check had taken its {100 * share:g} % of the "
+            "job's time (--extra-share)" if n else "")
 
 
 def _wants_example_db(args: argparse.Namespace) -> bool:
@@ -839,14 +854,16 @@ def _wrap_up(run: _Run, report: Any, new: list[Any]) -> int:
         report.notes.append(pinned_note(report.pinned))
     if report.graph_checks:
         report.notes.append(f"CUDA graphs: {report.graph_checks} valid case(s) also captured "
-                            "once and replayed on other values of the same buffers")
+                            "once and replayed on other values of the same buffers"
+                            + _held(report, "CUDA graphs", o.extra_share))
     if report.batch_checks:
         report.notes.append(
             f"batch invariance (--invariance {o.invariance}): {report.batch_checks} valid "
             "case(s) re-run in other batches" + (
                 ", judged like any case and compared bit for bit with the whole batch's rows"
                 if o.invariance == "bitwise" else
-                " of the same shapes (one each, in turn; no compile), judged like any case"))
+                " of the same shapes (one each, in turn; no compile), judged like any case")
+            + _held(report, "batch invariance", o.extra_share))
     if o.kernel_configs:
         skipped = sum(report.config_skips.values())
         report.notes.append(
@@ -854,7 +871,8 @@ def _wrap_up(run: _Run, report: Any, new: list[Any]) -> int:
             f"also run under other configs of their Helion and autotuned Triton kernels: "
             f"{report.config_runs} "
             f"run(s) judged, {skipped} config(s) skipped (they do not compile or run here)"
-            + ("".join(f"; {n} x {c}" for c, n in report.config_skips.most_common(3))))
+            + ("".join(f"; {n} x {c}" for c, n in report.config_skips.most_common(3)))
+            + _held(report, "other kernel configs", o.extra_share))
         if report.config_adjusted:
             report.notes.append(
                 f"--helion-configs: {report.config_adjusted} run(s) used pointer indexing where "

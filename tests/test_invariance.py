@@ -21,6 +21,7 @@ from kda_fuzz_kernels.kda_decode import (
     helion_fused_recurrent_kda_packed_decode,
 )
 from kda_fuzz_kernels.kda_decode import reference_kda_packed_decode as reference
+from tests.inprocess import kda_fuzz
 
 KDA = get_contract("kda")
 GDN = get_contract("gdn")
@@ -67,7 +68,7 @@ def test_sub_batches_are_judged_like_any_case_and_a_correct_target_passes(contra
     matrix products block by batch size): under the default policy, no finding."""
     target = [load_target(contract.reference_target)]
     rep = campaign(contract, "triton", target, max_examples=60, seed=1, valid_share=1.0,
-                   invariance_every=1, max_failures=20)
+                   invariance_every=1, max_failures=20, extra_share=1.0)
     assert rep.batch_checks > 20 and not rep.failures, [f.verdict.summary() for f in rep.failures]
     assert rep.mode_seconds["batch invariance"] > 0  # its time is counted, by mode
 
@@ -89,11 +90,12 @@ def test_the_projects_kernels_are_batch_invariant_bit_for_bit(kernel):
 def test_a_batch_variant_kernel_is_found_bitwise_and_replays(tmp_path: Path):
     t = [Target("batch_variant", batch_variant)]
     lenient = campaign(KDA, "triton", t, max_examples=60, seed=1, valid_share=1.0,
-                       invariance="tolerance", invariance_every=1, max_failures=20)
+                       invariance="tolerance", invariance_every=1, max_failures=20,
+                       extra_share=1.0)
     assert not lenient.failures  # within tolerance: the contract allows it
     strict = campaign(KDA, "triton", t, max_examples=60, seed=1, valid_share=1.0,
                       invariance="bitwise", invariance_every=1, max_failures=20,
-                      budget=1 << 10,
+                      extra_share=1.0, budget=1 << 10,
                       minimize=20.0)
     [f] = [f for f in strict.failures if f.verdict.what == "batch-variant"]
     assert f.verdict.kind == "mismatch" and "differ bitwise" in f.verdict.detail
@@ -146,6 +148,7 @@ def test_the_default_runs_only_sub_batches_of_the_cases_own_shapes(monkeypatch):
         taken.clear()
         rep = campaign(KDA, "triton", [Target("t", reference)], max_examples=10, seed=2,
                        valid_share=1.0, invariance=mode, invariance_every=1, max_failures=20,
+                       extra_share=1.0,
                        minimize=False)
         assert rep.batch_checks > 3
         same = [same_signature(whole, sub) for whole, sub in judged]
@@ -193,6 +196,35 @@ def test_the_default_builds_no_sub_batch_past_the_one_it_runs():
         if same_signature(case, sub):
             break
     assert names == ["alone", "padded"]
+
+
+def test_an_extra_check_waits_once_it_has_taken_its_share_of_the_time():
+    """Past ``extra_share`` of the job's time, a turn of batch invariance waits (counted);
+    the draws, and so the turns, are the same as with every turn run."""
+    target = [load_target(KDA.reference_target)]
+    every = campaign(KDA, "triton", target, max_examples=60, seed=1, valid_share=1.0,
+                     invariance_every=1, max_failures=20, extra_share=1.0)
+    held = campaign(KDA, "triton", target, max_examples=60, seed=1, valid_share=1.0,
+                    invariance_every=1, max_failures=20, extra_share=0.01)
+    assert not every.mode_held and held.mode_held["batch invariance"] > 0
+    assert held.batch_checks + held.mode_held["batch invariance"] == every.batch_checks
+    assert 0 < held.batch_checks < every.batch_checks
+    assert held.mode_seconds["batch invariance"] < every.mode_seconds["batch invariance"]
+    assert held.to_json()["mode_held"] == {"batch invariance": held.mode_held["batch invariance"]}
+
+
+def test_the_summary_counts_the_turns_that_waited_and_the_share_is_checked():
+    r = kda_fuzz("fuzz", "--target", KDA.reference_target, "--contract", "triton",
+                 "--max-examples", "300", "--valid-share", "1", "--seed", "1", "--no-save",
+                 "--extra-share", "0.001")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "more turn(s) waited: the check had taken its 0.1 % of the job's time " \
+           "(--extra-share)" in r.stdout, r.stdout[-2000:]
+    for bad in ("0", "1.5"):
+        r = kda_fuzz("fuzz", "--extra-share", bad)
+        assert r.returncode == 2
+        assert r.stderr.strip() == "kda-fuzz: error: --extra-share must be more than 0 and " \
+                                   "at most 1"
 
 
 def test_off_runs_no_sub_batch():

@@ -153,6 +153,9 @@ class Report:
     # seconds of the extra checks of passing cases, by mode ("batch invariance", "CUDA
     # graphs"; "sanitizer": the tool's own, in the background), summed over jobs
     mode_seconds: Counter = field(default_factory=Counter)
+    # turns of those checks that waited: the check had taken its share of the job's time
+    # (CampaignOptions.extra_share), by mode
+    mode_held: Counter = field(default_factory=Counter)
     # examples of the pinned layouts' arms, by "stratum:NAME" ("valid:qwen", "scale:qwen")
     pinned: Counter = field(default_factory=Counter)
     # variant coverage: target -> variant label -> what ran it (kda_fuzz.execution.variants)
@@ -280,6 +283,7 @@ class Report:
                    stratum_seconds=dict(self.stratum_seconds), facts=dict(self.facts),
                    peaks=dict(self.peaks), unexecutable_causes=dict(self.unexecutable_causes),
                    shifted=dict(self.shifted), mode_seconds=dict(self.mode_seconds),
+                   mode_held=dict(self.mode_held),
                    pinned=dict(self.pinned), config_skips=dict(self.config_skips),
                    sanitize_causes=dict(self.sanitize_causes),
                    variants={t: {k: vars(r).copy() for k, r in seen.items()}
@@ -299,6 +303,7 @@ class Report:
         self._largest(c.get("peaks", {}))
         self.shifted.update(c.get("shifted", {}))
         self.mode_seconds.update(c.get("mode_seconds", {}))
+        self.mode_held.update(c.get("mode_held", {}))
         self.pinned.update(c.get("pinned", {}))
         self.sanitize_causes.update(c.get("sanitize_causes", {}))
         for cause, n in c.get("config_skips", {}).items():
@@ -354,6 +359,7 @@ class Report:
             "batch_invariance_checks": self.batch_checks,
             "cuda_graph_checks": self.graph_checks,
             "mode_seconds": {k: round(v, 3) for k, v in sorted(self.mode_seconds.items())},
+            "mode_held": dict(sorted(self.mode_held.items())),
             "pinned_examples": dict(sorted(self.pinned.items())),
             "sanitizer": {"sampled": self.sanitize_sampled, "sanitized": self.sanitized,
                           "found": self.sanitize_found,

@@ -416,13 +416,17 @@ class Campaign:
                 self.on_example(self.report)
             return
         assert first is not None
-        if first.status == "pass" and self._batch_turn(pos, first):
+        if first.status == "pass" and self._batch_turn(pos, first) \
+                and self._within_share("batch invariance"):
             with self._timed("batch invariance"):
                 self._batch_invariance(pos, case)
-        if first.status == "pass" and self._graph_turn(pos, first):
+        if first.status == "pass" and self._graph_turn(pos, first) \
+                and self._within_share("CUDA graphs"):
             with self._timed("CUDA graphs"):
                 self._graph(pos, case)
-        if self.options.kernel_configs and first.expectation.ok and self._stratum != "scale":
+        if self.options.kernel_configs and first.expectation.ok and self._stratum != "scale" \
+                and any(o.status == "pass" for o in outcomes) \
+                and self._within_share("other kernel configs"):
             with self._timed("other kernel configs"):
                 self._other_configs(pos, case, outcomes)
         if first.status == "pass" and self._sanitize_turn(pos, first, case):
@@ -502,6 +506,17 @@ class Campaign:
                 marked = Judging(graph=True).mark(case)
                 self._failed(marked, outcome.verdict, target, pos=pos, index=index)
                 return
+
+    def _within_share(self, mode: str) -> bool:
+        """Whether the extra check ``mode`` runs on this turn: it has taken at most
+        ``options.extra_share`` of the job's time so far (the strata's seconds, its own
+        among them); a turn that waits is counted (``Report.mode_held``)."""
+        share = self.options.extra_share
+        if share >= 1 or self.report.mode_seconds[mode] <= share * sum(
+                self.report.stratum_seconds.values()):
+            return True
+        self.report.mode_held[mode] += 1
+        return False
 
     @contextlib.contextmanager
     def _timed(self, mode: str) -> Iterator[None]:

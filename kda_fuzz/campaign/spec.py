@@ -86,6 +86,10 @@ class CampaignOptions:
     # passing valid examples also run under this many other configs of each configurable
     # kernel their target launched (kda_fuzz.execution.configs), each judged as a case
     kernel_configs: int = 0
+    # the extra checks of passing cases (batch invariance, CUDA graphs, other kernel
+    # configs): each runs on its turns only while it has taken at most this share of the
+    # job's time (Report.mode_held counts the turns it waited); 1: always
+    extra_share: float = 0.15
 
     @classmethod
     def of(cls, **options: Any) -> CampaignOptions:
@@ -267,6 +271,7 @@ def resolve(args: argparse.Namespace, config: Any) -> CampaignSpec:
         invariance=args.invariance, cuda_graphs=args.cuda_graphs, history=bool(args.report),
         sanitize=args.sanitize, sanitize_every=args.sanitize_every,
         kernel_configs=args.helion_configs, seeds=seeds,
+        extra_share=getattr(args, "extra_share", 0.15),
         **shaping(args, contract), **pinned(args, contract, config))
     if shard is not None:  # the plan of the whole campaign, this shard's share of it
         from kda_fuzz.campaign.shard import DEFAULT_SEED
