@@ -26,18 +26,25 @@ def _log(kind: str, t0: float, key: str) -> None:
         f.write(f"{kind}\t{t0:.3f}\t{time.time() - t0:.4f}\t{key}\n")
 
 
-def _timed(kind: str, fn, key_of):  # type: ignore[no-untyped-def]
+def _wrapped(fn, after):  # type: ignore[no-untyped-def]
+    """``fn``, then ``after(start, args, kwargs)`` however it ended."""
     @functools.wraps(fn)
     def wrapper(*a, **k):  # type: ignore[no-untyped-def]
         t0 = time.time()
         try:
             return fn(*a, **k)
         finally:
-            try:
-                _log(kind, t0, key_of(*a, **k))
-            except Exception as e:  # (a census never breaks the run)
-                _log(kind, t0, f"?{type(e).__name__}")
+            after(t0, a, k)
     return wrapper
+
+
+def _timed(kind: str, fn, key_of):  # type: ignore[no-untyped-def]
+    def log(t0, a, k):  # type: ignore[no-untyped-def]
+        try:
+            _log(kind, t0, key_of(*a, **k))
+        except Exception as e:  # (a census never breaks the run)
+            _log(kind, t0, f"?{type(e).__name__}")
+    return _wrapped(fn, log)
 
 
 def _signature(args) -> str:  # type: ignore[no-untyped-def]
@@ -65,16 +72,11 @@ _examples = [0, 0.0, 0.0]  # examples run by this process, the first's start, th
 
 
 def _example(fn):  # type: ignore[no-untyped-def]
-    @functools.wraps(fn)
-    def wrapper(*a, **k):  # type: ignore[no-untyped-def]
-        t0 = time.time()
-        try:
-            return fn(*a, **k)
-        finally:
-            _examples[0] += 1
-            _examples[1] = _examples[1] or t0
-            _examples[2] = time.time()
-    return wrapper
+    def count(t0, a, k):  # type: ignore[no-untyped-def]
+        _examples[0] += 1
+        _examples[1] = _examples[1] or t0
+        _examples[2] = time.time()
+    return _wrapped(fn, count)
 
 
 def _runner(module) -> None:  # type: ignore[no-untyped-def]
