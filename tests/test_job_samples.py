@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -120,10 +121,12 @@ def test_the_census_counts_each_helion_binding_and_collection(tmp_path: Path) ->
     env = {**os.environ, "KDA_FUZZ_CENSUS": str(tmp_path),
            "PYTHONPATH": os.pathsep.join([str(ROOT / "benchmarks" / "census"), str(ROOT),
                                           os.environ.get("PYTHONPATH", "")])}
+    start = time.time()
     r = subprocess.run([sys.executable, "-m", "kda_fuzz", "fuzz", "--contract", "helion",
                         "--jobs", "1", "--max-examples", "4", "--valid-share", "1",
                         "--seed", "3", "--no-save", "--json"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    wall = time.time() - start
     assert r.returncode == 0, r.stderr[-3000:]
     binds = [line.split("\t") for log in tmp_path.glob("*.log")
              for line in log.read_text().splitlines() if line.startswith("bind\t")]
@@ -131,3 +134,12 @@ def test_the_census_counts_each_helion_binding_and_collection(tmp_path: Path) ->
     words = paired.count_compiles(tmp_path)
     assert re.search(rf"\bbind {len(binds)} in 1 process\(es\)", words), words
     assert "distinct signatures bound per process: [" in words
+    assert not re.search(r"\b(python|launch|run|stage:\w+) \d", words), words  # marks, not compiles
+    # the timeline: the command's stages, and the one job's campaign and examples
+    line = paired.timeline(tmp_path, start, wall)
+    n = float(json.loads(r.stdout.strip().splitlines()[-1])["examples"])
+    assert "per job (min/median/max of 1)" in line and f"examples {n}/{n}/{n}" in line, line
+    assert re.search(r"stages .*_choose \d+\.\d\+", line), line
+    first, end = (float(re.search(rf"{what} ([\d.]+)/", line).group(1))
+                  for what in ("first example", "campaign end"))
+    assert 0 < first <= end <= wall + 0.1, line
