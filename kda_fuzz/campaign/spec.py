@@ -271,7 +271,7 @@ def resolve(args: argparse.Namespace, config: Any) -> CampaignSpec:
         invariance=args.invariance, cuda_graphs=args.cuda_graphs, history=bool(args.report),
         sanitize=args.sanitize, sanitize_every=args.sanitize_every,
         kernel_configs=args.helion_configs, seeds=seeds,
-        extra_share=getattr(args, "extra_share", 0.15),
+        extra_share=getattr(args, "extra_share", CampaignOptions.extra_share),
         **shaping(args, contract), **pinned(args, contract, config))
     if shard is not None:  # the plan of the whole campaign, this shard's share of it
         from kda_fuzz.campaign.shard import DEFAULT_SEED
