@@ -39,13 +39,7 @@ def main() -> None:
         print(f"{extra or '(default)':24} {one['wall']:7.1f} {one['examples']:9d} "
               f"{one['examples'] / one['wall']:8.1f} {one['rows'] / one['wall']:11,.0f} "
               f"{one['failures']}", flush=True)
-        s = one["summary"]
-        line = time_shares(SimpleNamespace(
-            stratum_seconds=s.get("stratum_seconds", {}),
-            compiling_seconds=s.get("compiling_seconds", 0.0),
-            startup_seconds=s.get("startup_seconds", 0.0),
-            mode_seconds=s.get("mode_seconds", {})))
-        print(f"{'':24} time: {line}")
+        print(f"{'':24} time: {time_shares(SimpleNamespace(**one['summary']))}")
         if one["timeline"]:
             print(f"{'':24} timeline (s from the command's start): {one['timeline']}")
     base = statistics.mean(o["examples"] / o["wall"] for e, o in got if not e)

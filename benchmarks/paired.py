@@ -100,15 +100,14 @@ def count_compiles(folder: Path) -> str:
     kinds: dict[str, list[float]] = {}
     pids: dict[str, set[str]] = {}
     keys: dict[str, set[str]] = {}
-    for log in folder.glob("*.log"):
-        for line in log.read_text().splitlines():
-            kind, _, seconds, key = [*line.split("\t"), "", "", "", ""][:4]
+    for pid, events in _events(folder).items():
+        for kind, _, seconds, key in events:
             if kind in MARKS or kind.startswith("stage:"):
                 continue
-            kinds.setdefault(kind, []).append(float(seconds or 0))
-            pids.setdefault(kind, set()).add(log.stem)
+            kinds.setdefault(kind, []).append(seconds)
+            pids.setdefault(kind, set()).add(pid)
             if kind == "bind":
-                keys.setdefault(log.stem, set()).add(key)
+                keys.setdefault(pid, set()).add(key)
     distinct = [len(k) for k in keys.values()]
     return "; ".join(
         f"{kind} {len(xs)} in {len(pids[kind])} process(es), {sum(xs):.1f} s"
@@ -158,9 +157,9 @@ def timeline(folder: Path, start: float, wall: float) -> str:
         compiles = [(t0, sec) for k, t0, sec, _ in evs if k in ("bind", "config", "triton")]
         before.append(sum(sec for t0, sec in compiles if not count or t0 < a))
         during.append(sum(sec for t0, sec in compiles if count and t0 >= a))
-    stages = sorted((t - start, s, k[6:], pid) for pid, evs in events.items()
+    stages = sorted((t - start, s, k[6:]) for evs in events.values()
                     for k, t, s, _ in evs if k.startswith("stage:"))
-    return ("stages " + ", ".join(f"{k} {t:.1f}+{s:.1f}" for t, s, k, _ in stages) + "; "
+    return ("stages " + ", ".join(f"{k} {t:.1f}+{s:.1f}" for t, s, k in stages) + "; "
             f"server {spread([t - start for t in server])}, launch "
             f"{spread([t - start for t in launch])}; per job (min/median/max of {len(n)}): "
             f"campaign {spread(begin)}, first example {spread(first)}, last example end "
