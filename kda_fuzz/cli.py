@@ -657,8 +657,11 @@ def _fuzz(args: argparse.Namespace, signals: Any = None) -> int:
         early = Supervisor(spec)
         early.start()
     try:
-        targets = _loaded(list(spec.targets), spec.contract)
-        peers = _loaded(list(spec.peers), spec.contract)
+        from kda_fuzz.workers.process import collector_paused
+
+        with collector_paused():  # (the kernel libraries' imports)
+            targets = _loaded(list(spec.targets), spec.contract)
+            peers = _loaded(list(spec.peers), spec.contract)
         db = _example_db(args, spec, [*targets, *peers])
         spec, calibration_notes = _calibrated(args, spec, [*targets, *peers])
         report_notes = [*_pin_notes(spec, [*targets, *peers]), *spec.notes,
@@ -1153,7 +1156,10 @@ def _main(argv: Sequence[str] | None) -> int:
                 # torch and the engine imported there while this process imports its own;
                 # the kernel libraries once the targets are known (_fuzz)
                 start_fork_server_early()
-            _choose(args)  # imports the contracts only to name their own kernels
+            from kda_fuzz.workers.process import collector_paused
+
+            with collector_paused():  # (torch's and the engine's imports)
+                _choose(args)  # imports the contracts only to name their own kernels
         from kda_fuzz.engine.oracle import EnvironmentFailure
     except UsageError as e:
         print(f"kda-fuzz: error: {e}", file=sys.stderr)

@@ -203,18 +203,42 @@ def test_the_fork_server_asks_torch_about_cuda_through_nvml(users: str | None) -
 def _freeze_count(path: str) -> None:
     import gc
 
-    Path(path).write_text(str(gc.get_freeze_count()))
+    Path(path).write_text(f"{gc.get_freeze_count()} {gc.isenabled()}")
 
 
 def test_the_fork_servers_forks_start_from_a_frozen_heap(tmp_path: Path) -> None:
     """The fork server freezes its heap once its imports are done (kda_fuzz.workers.
-    preloaded, imported last): a worker's collections do not walk torch and the engine."""
+    preloaded, imported last): a worker's collections do not walk torch and the engine.
+    The collector, off for the server's imports (kda_fuzz.workers.preloading), is on
+    again in every fork."""
     out = tmp_path / "count"
     proc = worker_process(worker_context(), _freeze_count, (str(out),))
     proc.start()
     proc.join(timeout=120)
     assert proc.exitcode == 0
-    assert int(out.read_text()) > 100_000  # (torch's and the engine's objects)
+    frozen, collecting = out.read_text().split()
+    assert int(frozen) > 100_000  # (torch's and the engine's objects)
+    assert collecting == "True"
+
+
+def test_collector_paused_turns_the_collector_off_then_back_as_it_was() -> None:
+    import gc
+
+    from kda_fuzz.workers.process import collector_paused
+
+    was = gc.isenabled()
+    try:
+        for before in (True, False):
+            (gc.enable if before else gc.disable)()
+            with collector_paused():
+                assert not gc.isenabled()
+            assert gc.isenabled() is before
+        gc.enable()
+        with pytest.raises(RuntimeError), collector_paused():
+            raise RuntimeError("an import failed")
+        assert gc.isenabled()
+    finally:
+        (gc.enable if was else gc.disable)()
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="pipe sizes are Linux's")
@@ -261,7 +285,7 @@ def _report_modules(path: str, names: list[str]) -> None:
     import gc
 
     Path(path).write_text(" ".join([*(str(n in sys.modules) for n in names),
-                                    str(gc.get_freeze_count() > 0)]))
+                                    str(gc.get_freeze_count() > 0), str(gc.isenabled())]))
 
 
 def _early(then: str) -> subprocess.CompletedProcess[str]:
@@ -273,7 +297,7 @@ def _early(then: str) -> subprocess.CompletedProcess[str]:
 def test_a_fork_server_started_early_imports_what_it_is_told_later(tmp_path: Path) -> None:
     """``start_fork_server_early`` (the command, before it knows its targets) starts the
     server at once; the modules ``start_fork_server`` names later are imported there before
-    the first fork, and the heap is frozen after them."""
+    the first fork, the heap is frozen after them, and the collector is on in the fork."""
     out = tmp_path / "modules"
     r = _early(
         "time.sleep(0.5)\n"  # (the command choosing its targets)
@@ -287,7 +311,7 @@ def test_a_fork_server_started_early_imports_what_it_is_told_later(tmp_path: Pat
     assert r.stdout.split()[-1] == "0"
     gpu = Path("/dev/nvidiactl").exists() or Path("/dev/kfd").exists()
     # where a GPU is visible, only the device-free modules (the second list) are imported
-    assert out.read_text().split() == [str(not gpu), "True", "True", "True"]
+    assert out.read_text().split() == [str(not gpu), "True", "True", "True", "True"]
 
 
 def test_an_early_fork_server_told_nothing_still_serves(tmp_path: Path) -> None:
@@ -304,7 +328,7 @@ def test_an_early_fork_server_told_nothing_still_serves(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr[-2000:]
     code, seconds = r.stdout.split()[-2:]
     assert code == "0" and float(seconds) < 60
-    assert out.read_text().split() == ["False", "True"]
+    assert out.read_text().split() == ["False", "True", "True"]
 
 
 def test_an_early_fork_server_whose_command_died_does_not_stay() -> None:

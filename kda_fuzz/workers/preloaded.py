@@ -1,14 +1,20 @@
 """Imported last by the fork server (``kda_fuzz.workers.process.worker_context``): first
 the modules a server started early is told of later
-(:func:`kda_fuzz.workers.process.import_later_preloads`), then, its imports done, the heap
-that every fork starts from is frozen once
+(:func:`kda_fuzz.workers.process.import_later_preloads`), then, its imports done, the
+garbage collector is turned back on (:mod:`kda_fuzz.workers.preloading` turned it off for
+the imports) and the heap that every fork starts from is frozen once
 (:func:`kda_fuzz.execution.compiles.freeze_heap`), so that no fork's garbage collections
 walk it and a job's own start-up collection walks only what the job made. Not collected
 first: that walk (0.36 s after torch, the engine and helion on the 2-core machine) would
 delay every fork, and found no garbage there (0 objects collected)."""
 
+import gc
+
 from kda_fuzz.execution.compiles import freeze_heap
 from kda_fuzz.workers.process import import_later_preloads
 
-import_later_preloads()  # (a server started before the command chose its targets)
+try:
+    import_later_preloads()  # (a server started before the command chose its targets)
+finally:
+    gc.enable()  # (every fork collects its own garbage)
 freeze_heap(collect=False)

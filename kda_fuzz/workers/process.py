@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
+import gc
 import multiprocessing as mp
 import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from typing import Any, NoReturn
@@ -17,14 +19,29 @@ from typing import Any, NoReturn
 # What the fork server imports before it forks any worker: torch, Hypothesis and the
 # engine (seconds of imports per worker otherwise). It runs nothing: no torch thread pool,
 # no CUDA context, so its forks are as clean as spawned processes.
-PRELOAD = ["kda_fuzz.campaign.supervisor"]
+PRELOAD = ["kda_fuzz.workers.preloading", "kda_fuzz.campaign.supervisor"]  # (see LAST_PRELOAD)
 NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"  # torch's fork-safe CUDA check (see below)
 _also: list[str] = []  # more modules the fork server imports (start_fork_server's ``also``)
-LAST_PRELOAD = "kda_fuzz.workers.preloaded"  # (freezes the heap its forks start from)
+# (turns the collector, off for the imports, back on; freezes the heap its forks start from)
+LAST_PRELOAD = "kda_fuzz.workers.preloaded"
 # A fork server started before its kernel libraries are known (``start_fork_server_early``)
 # reads them from the file this variable names, once the command has written it
 LATER_PRELOAD = "KDA_FUZZ_LATER_PRELOAD"
 _later: list[str] = []  # that file's path while it is still to be written
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """The garbage collector off for a block of imports (torch, the engine, kernel
+    libraries: objects that live as long as the process, see
+    :mod:`kda_fuzz.workers.preloading`), then back as it was."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def worker_context() -> BaseContext:
