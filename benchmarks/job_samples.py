@@ -207,6 +207,7 @@ def main() -> None:
                    else paired.export(args.baseline, t / "export"))
             trees = {"baseline": patched_copy(src, t / "baseline"), **trees}
         os.environ["KDA_FUZZ_SAMPLER"] = str(Path(__file__).resolve().parent)
+        paired.warm_up(args)  # (unsampled)
         table: dict[str, list[dict[str, float]]] = {n: [] for n in trees}
         for r in range(args.rounds):
             names = list(trees) if r % 2 == 0 else list(trees)[::-1]

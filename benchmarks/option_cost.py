@@ -14,7 +14,7 @@ import argparse
 import statistics
 from types import SimpleNamespace
 
-from paired import HERE, arguments, run, settle  # (this script's folder is on sys.path)
+from paired import HERE, arguments, run, settle, warm_up  # (this script's folder is on sys.path)
 
 from kda_fuzz.report.progress import time_shares
 
@@ -30,6 +30,7 @@ def main() -> None:
     sets = ["", *[o.strip() for o in args.options.split(";") if o.strip()], ""]
     print(f"{HERE}: {args.seconds:g} s on {args.device}, --jobs {args.jobs} {args.args}")
     print(f"{'option':24} {'wall s':>7} {'examples':>9} {'ex/s':>8} {'rows/s':>11} failures")
+    warm_up(args)
     got = []
     for extra in sets:
         if args.device.startswith("cuda"):

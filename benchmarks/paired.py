@@ -208,6 +208,17 @@ def settle(limit: float = 60.0) -> str:
             if first[0] else "GPU free")
 
 
+def warm_up(args: argparse.Namespace) -> None:
+    """The ``--warm-up`` run: this tree's command once, its figures printed, not counted."""
+    seconds = args.warm_up if args.warm_up is not None else (
+        15.0 if args.device.startswith("cuda") else 0.0)
+    if seconds <= 0:
+        return
+    got = run(HERE, argparse.Namespace(**{**vars(args), "seconds": seconds, "census": False}))
+    print(f"warm-up (not counted): {got['examples']} examples in {got['wall']:.1f} s "
+          f"({got['examples'] / got['wall']:.1f}/s)", flush=True)
+
+
 def _spread(xs: list[float]) -> str:
     if not xs:
         return "-"
@@ -231,6 +242,10 @@ def arguments(doc: str | None, *, baseline_required: bool, rounds: int, seconds:
     ap.add_argument("--args", default="--contract helion",
                     help="more arguments for both commands (default: --contract helion)")
     ap.add_argument("--keep", metavar="DIR", help=keep)
+    ap.add_argument("--warm-up", type=float, default=None, metavar="S",
+                    help="first run this tree's command for S seconds, not counted: the first "
+                         "run of a GPU machine's start was the slowest of its start, 200 "
+                         "against 460 examples/s once (default: 15 on cuda, 0 elsewhere)")
     ap.add_argument("--census", action="store_true",
                     help="count and time every Helion binding and config compile and every "
                          "Triton compile of each run (benchmarks/census/sitecustomize.py)")
@@ -249,6 +264,7 @@ def main() -> None:
         print(f"{'round':>5} {'tree':9} {'wall s':>7} {'examples':>9} {'ex/s':>8} "
               f"{'rows/s':>11} {'start-up s':>10} {'compiling s':>11} {'job-s':>6} "
               "restarts failures")
+        warm_up(args)
         results: dict[str, list[dict[str, Any]]] = {"baseline": [], "this": []}
         for r in range(args.rounds):
             order = ["baseline", "this"] if r % 2 == 0 else ["this", "baseline"]

@@ -143,3 +143,30 @@ def test_the_census_counts_each_helion_binding_and_collection(tmp_path: Path) ->
     first, end = (float(re.search(rf"{what} ([\d.]+)/", line).group(1))
                   for what in ("first example", "campaign end"))
     assert 0 < first <= end <= wall + 0.1, line
+
+
+def test_the_warm_up_run_is_this_trees_command_and_is_cuda_only_by_default(monkeypatch,
+                                                                           capsys) -> None:
+    import argparse
+
+    import paired
+
+    calls: list[tuple[Path, float, bool]] = []
+
+    def fake_run(tree: Path, args: argparse.Namespace) -> dict[str, float]:
+        calls.append((tree, args.seconds, args.census))
+        return {"examples": 30, "wall": 15.0}
+
+    monkeypatch.setattr(paired, "run", fake_run)
+    args = paired.arguments(None, baseline_required=False, rounds=1, seconds=60.0,
+                            keep="").parse_args(["--census"])
+    args.device = "cpu"
+    paired.warm_up(args)
+    assert calls == []
+    args.device = "cuda"
+    paired.warm_up(args)
+    assert calls == [(paired.HERE, 15.0, False)]  # (its compiles not counted either)
+    assert "warm-up (not counted): 30 examples in 15.0 s (2.0/s)" in capsys.readouterr().out
+    args.warm_up = 0.0
+    paired.warm_up(args)
+    assert len(calls) == 1
