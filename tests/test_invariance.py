@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -85,6 +86,32 @@ def test_the_projects_kernels_are_batch_invariant_bit_for_bit(kernel):
                  "helion")
     assert case.notes["live_rows"] < 4  # padding rows among the rows moved
     assert batch_variance(KDA, case, kernel).status == "pass"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", [fused_recurrent_kda_packed_decode,
+                                    helion_fused_recurrent_kda_packed_decode],
+                         ids=["triton", "helion"])
+def test_the_projects_kernels_are_batch_invariant_bit_for_bit_at_k_1(kernel, kda_device_name):
+    """At K = 1, in a batch of one, Helion folds a row tile's loads into scalar loads: the
+    Helion kernel indexed its K vectors by the row tile there, and on an H100 a row's `out`
+    or state slot alone differed from the whole batch's in the last bit in 10 of these 24
+    layouts (--invariance bitwise found it in a campaign). It loads them as scalars now."""
+    from kda_fuzz.families.kda.layouts import GATE_REGIMES, Values
+
+    regimes = list(GATE_REGIMES.values())
+    f16 = torch.float16
+    for (lower_bound, l2norm), seed in itertools.product(((-5.0, False), (None, True)),
+                                                         range(12)):
+        values = Values(**regimes[seed % len(regimes)], qkv_scale=(1.0, 3.0, 10.0)[seed % 3],
+                        state_scale=(1.0, 10.0, 100.0)[seed % 3], b_scale=(1.0, 5.0)[seed % 2])
+        layout = KdaLayout(B=64, H=5, HV=20, K=1, V=128, spare_slots=3, qkv_dtype=f16,
+                           ab_dtype=f16, out_dtype=f16, state_dtype=torch.bfloat16,
+                           padding="some" if seed % 2 else "none",
+                           use_qk_l2norm_in_kernel=l2norm, lower_bound=lower_bound,
+                           values=values, seed=seed)
+        got = batch_variance(KDA, build(layout, "helion", kda_device_name), kernel)
+        assert got.status == "pass", (layout, got.verdict)
 
 
 def test_a_batch_variant_kernel_is_found_bitwise_and_replays(tmp_path: Path):

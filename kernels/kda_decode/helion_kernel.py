@@ -36,6 +36,7 @@ def _kda_packed_decode(
     k_is_one: hl.constexpr,
 ) -> None:
     B, H, G, V = out.shape
+    K = q.size(2)
     for tile_b, tile_h, tile_g, tile_v in hl.tile([B, H, G, V], block_size=[1, 1, 1, block_v]):
         i, h, g = tile_b.begin, tile_h.begin, tile_g.begin
         idx = indices[i]
@@ -45,14 +46,18 @@ def _kda_packed_decode(
             # emitted as ``slot[:, None]`` by Helion 1.4.0's codegen.
             slot = indices[tile_b].to(torch.int64)
             if k_is_one:
-                # At K = 1 the K vectors are indexed by the row tile ([1, K]): Helion 1.5.1
-                # emits `q[i, h, :]` with a runtime `i` as a 0-d load there and then indexes
-                # it `[None, None, :]`, which Triton rejects (GPU and interpreter). dt_bias
-                # comes with a stride-0 row dimension (host side) for the same reason.
-                q_h = q[tile_b, h, :].to(torch.float32)  # [1, K]
-                k_h = k[tile_b, h, :].to(torch.float32)
-                x = a[tile_b, h, g, :].to(torch.float32) \
-                    + dt_bias[tile_b, h, g, :].to(torch.float32)
+                # At K = 1 each K vector is one scalar, loaded as a scalar and broadcast
+                # to [1, K]. Not `q[i, h, :]`: Helion 1.5.1 emits it with a runtime `i` as a
+                # 0-d load and then indexes it `[None, None, :]`, which Triton rejects (GPU
+                # and interpreter). Not `q[tile_b, h, :]` either: in a batch of one Helion
+                # folds the row tile into a scalar load there, and on an H100 that batch's
+                # `out` differed from a larger batch's in the last bit (--invariance
+                # bitwise); loaded as scalars, every batch size computes alike.
+                one = hl.zeros([tile_b, K], dtype=torch.float32)
+                q_h = q[i, h, 0].to(torch.float32) + one  # [1, K]
+                k_h = k[i, h, 0].to(torch.float32) + one
+                x = a[i, h, g, 0].to(torch.float32) + dt_bias[i, h, g, 0].to(torch.float32) \
+                    + one
             else:
                 # (row-scalar indexing: about a fifth less of Helion's time per new shape)
                 q_h = q[i, h, :].to(torch.float32)[None, :]
