@@ -89,16 +89,25 @@ def test_the_projects_kernels_are_batch_invariant_bit_for_bit(kernel):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", [fused_recurrent_kda_packed_decode,
-                                    helion_fused_recurrent_kda_packed_decode],
-                         ids=["triton", "helion"])
-def test_the_projects_kernels_are_batch_invariant_bit_for_bit_at_k_1(kernel, kda_device_name):
+@pytest.mark.parametrize("family,kernel", [
+    ("kda", "fused_recurrent_kda_packed_decode"),
+    ("kda", "helion_fused_recurrent_kda_packed_decode"),
+    ("gdn", "fused_recurrent_gated_delta_rule_packed_decode"),
+    ("gdn", "helion_fused_recurrent_gated_delta_rule_packed_decode")])
+def test_the_projects_kernels_are_batch_invariant_bit_for_bit_at_k_1(family, kernel,
+                                                                      kda_device_name):
     """At K = 1, in a batch of one, Helion folds a row tile's loads into scalar loads: the
-    Helion kernel indexed its K vectors by the row tile there, and on an H100 a row's `out`
-    or state slot alone differed from the whole batch's in the last bit in 10 of these 24
-    layouts (--invariance bitwise found it in a campaign). It loads them as scalars now."""
+    Helion kernels indexed their K vectors by the row tile there, and on an H100 a row's
+    `out` or state slot alone differed from the whole batch's in the last bit (KDA: 10 of
+    these 24 layouts; --invariance bitwise found it in a campaign). They load them as
+    scalars now."""
+    import importlib
+
+    from kda_fuzz.families.gdn.layouts import build as build_gdn
     from kda_fuzz.families.kda.layouts import GATE_REGIMES, Values
 
+    fn = getattr(importlib.import_module(f"kda_fuzz_kernels.{family}_decode"), kernel)
+    make, contract = (build, KDA) if family == "kda" else (build_gdn, GDN)
     regimes = list(GATE_REGIMES.values())
     f16 = torch.float16
     for (lower_bound, l2norm), seed in itertools.product(((-5.0, False), (None, True)),
@@ -108,9 +117,10 @@ def test_the_projects_kernels_are_batch_invariant_bit_for_bit_at_k_1(kernel, kda
         layout = KdaLayout(B=64, H=5, HV=20, K=1, V=128, spare_slots=3, qkv_dtype=f16,
                            ab_dtype=f16, out_dtype=f16, state_dtype=torch.bfloat16,
                            padding="some" if seed % 2 else "none",
-                           use_qk_l2norm_in_kernel=l2norm, lower_bound=lower_bound,
+                           use_qk_l2norm_in_kernel=l2norm,
+                           lower_bound=lower_bound if family == "kda" else None,
                            values=values, seed=seed)
-        got = batch_variance(KDA, build(layout, "helion", kda_device_name), kernel)
+        got = batch_variance(contract, make(layout, "helion", kda_device_name), fn)
         assert got.status == "pass", (layout, got.verdict)
 
 

@@ -31,8 +31,10 @@ def _gdn_packed_decode(
     scale: float,
     use_l2norm: hl.constexpr,
     block_v: hl.constexpr,
+    k_is_one: hl.constexpr,
 ) -> None:
     B, H, G, V = out.shape
+    K = q.size(2)
     for tile_b, tile_h, tile_g, tile_v in hl.tile([B, H, G, V], block_size=[1, 1, 1, block_v]):
         i, h, g = tile_b.begin, tile_h.begin, tile_g.begin
         idx = indices[i]
@@ -41,11 +43,18 @@ def _gdn_packed_decode(
             # a one-element tile, not the loaded 0-d scalar: Helion 1.4.0 would emit the
             # scalar as ``slot[:, None]``
             slot = indices[tile_b].to(torch.int64)
-            # The K vectors are indexed by the row tile too ([1, K]), never by scalars alone:
-            # at K = 1 Helion 1.5.1 emits `q[i, h, :]` with a runtime `i` as a 0-d load and
-            # then indexes it `[None, None, :]`, which Triton rejects (GPU and interpreter).
-            q_h = q[tile_b, h, :].to(torch.float32)  # [1, K]
-            k_h = k[tile_b, h, :].to(torch.float32)
+            # The K vectors as the KDA kernel loads them: never by the row tile (in a batch
+            # of one Helion folds its loads into scalar loads, which an H100 computed
+            # differently in the last bit there), and at K = 1 as scalars broadcast to
+            # [1, K] (Helion 1.5.1 emits `q[i, h, :]` with a runtime `i` as a 0-d load there
+            # and then indexes it `[None, None, :]`, which Triton rejects)
+            if k_is_one:
+                one = hl.zeros([tile_b, K], dtype=torch.float32)
+                q_h = q[i, h, 0].to(torch.float32) + one  # [1, K]
+                k_h = k[i, h, 0].to(torch.float32) + one
+            else:
+                q_h = q[i, h, :].to(torch.float32)[None, :]
+                k_h = k[i, h, :].to(torch.float32)[None, :]
             if use_l2norm:
                 q_h = q_h / torch.sqrt((q_h * q_h).sum(-1, keepdim=True) + 1e-6)
                 k_h = k_h / torch.sqrt((k_h * k_h).sum(-1, keepdim=True) + 1e-6)
@@ -127,5 +136,6 @@ def helion_fused_recurrent_gated_delta_rule_packed_decode(
             float(scale),
             bool(use_qk_l2norm_in_kernel),
             block_v,
+            K == 1,
         )
     return out, initial_state
