@@ -561,6 +561,19 @@ def _check_variant(family: str, variant: str | None) -> None:
                          f"{', '.join(families[family])})")
 
 
+def _name_preloads(targets: Sequence[str], device: str) -> None:
+    """Start the fork server with the workers' imports, overlapping this process's own, or
+    name them to one started early (:func:`kda_fuzz.workers.process.start_fork_server`):
+    the engine's, and for a CPU campaign the kernel libraries of ``targets`` (imported
+    once, not once per job and restart); where a GPU is visible, only what those import
+    that touches no device. Nothing heavy is imported here."""
+    from kda_fuzz.execution import device_free_imports, kernel_libraries
+    from kda_fuzz.workers.process import start_fork_server
+
+    libraries = kernel_libraries(list(targets))
+    start_fork_server(libraries if device == "cpu" else (), device_free_imports(libraries))
+
+
 def _choose(args: argparse.Namespace) -> Any:
     """The campaign's family, variant and targets (:func:`kda_fuzz.config.choose_campaign`);
     sets ``args.family`` and ``args.contract`` to them."""
@@ -636,16 +649,7 @@ def _fuzz(args: argparse.Namespace, signals: Any = None) -> int:
 
         ask_autotuning()
     if not (not spec.isolate and spec.jobs == 1):
-        from kda_fuzz.execution import device_free_imports, kernel_libraries
-        from kda_fuzz.workers.process import start_fork_server
-
-        # the workers' imports, overlapping this process's own: the engine's, and for a
-        # CPU campaign the kernel libraries of the targets (imported once, not once per
-        # job and restart; the fork server leaves them out where a GPU is visible, but
-        # not what they import that touches no device)
-        libraries = kernel_libraries(list(spec.targets))
-        start_fork_server(libraries if spec.device == "cpu" else (),
-                          device_free_imports(libraries))
+        _name_preloads(spec.targets, spec.device)  # (once named, the server has them)
     _prepare_device(spec.device, spec.contract)
     early = None
     if spec.device.startswith("cuda") and not (spec.jobs == 1 and not spec.isolate) \
@@ -1160,6 +1164,10 @@ def _main(argv: Sequence[str] | None) -> int:
 
             with collector_paused():  # (torch's and the engine's imports)
                 _choose(args)  # imports the contracts only to name their own kernels
+            if not args.no_isolate:
+                # the server imports the targets' kernel libraries as soon as its own
+                # imports are done, not once this process has imported the engine too
+                _name_preloads(args.chosen.targets.specs, args.device)
         from kda_fuzz.engine.oracle import EnvironmentFailure
     except UsageError as e:
         print(f"kda-fuzz: error: {e}", file=sys.stderr)

@@ -314,7 +314,11 @@ def choose_campaign(config: Config, family: str | None, variant: str | None,
                 + " or ".join(f"--contract {v}" for v in mine))
     else:
         why = "--contract"
-    choice = choose_targets(config, family, variant, override, defaults(family, variant))
+    # the contract's own kernels only where nothing else names targets: asking imports
+    # the contract (torch, seconds) before the command has chosen anything
+    own = () if override or config.targets_for(family, variant) is not None \
+        else defaults(family, variant)
+    choice = choose_targets(config, family, variant, override, own)
     return CampaignChoice(family, variant, choice, why)
 
 

@@ -129,6 +129,47 @@ def test_choose_campaign_uses_the_configured_variant_and_refuses_ambiguity(tmp_p
     assert choose_campaign(cfg, None, None, (), FAMILIES, _own).family == "gdn"
 
 
+def test_the_contracts_own_kernels_are_asked_for_only_where_nothing_names_targets(
+        tmp_path: Path) -> None:
+    """Asking a contract for its own kernels imports it (torch: seconds, before the fork
+    server has been told its kernel libraries), so ``--target`` and configured targets
+    never ask."""
+    asked: list[tuple[str, str]] = []
+
+    def own(family: str, variant: str) -> tuple[str, ...]:
+        asked.append((family, variant))
+        return _own(family, variant)
+
+    cfg = load_config(_project(tmp_path, '[tool.kda-fuzz.targets.kda]\ntriton = ["m:k"]\n'))
+    assert choose_campaign(cfg, None, None, (), FAMILIES, own).targets.specs == ("m:k",)
+    assert choose_campaign(cfg, None, "helion", ("x:y",), FAMILIES, own).targets.specs \
+        == ("x:y",)
+    assert asked == []
+    assert choose_campaign(cfg, None, "helion", (), FAMILIES, own).targets.source == "default"
+    assert asked == [("kda", "helion")]
+
+
+def test_the_fork_server_is_named_its_kernel_libraries_before_the_campaign_resolves(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command tells the fork server started early which kernel libraries to import as
+    soon as it has chosen its targets (before it imports the engine to resolve the
+    campaign), and ``--no-isolate`` starts none."""
+    from kda_fuzz import cli
+    from kda_fuzz.workers import process
+
+    calls: list[object] = []
+    monkeypatch.setattr(process, "start_fork_server_early", lambda: calls.append("early"))
+    monkeypatch.setattr(cli, "_name_preloads",
+                        lambda targets, device: calls.append((tuple(targets), device)))
+    monkeypatch.setattr(cli, "_fuzz", lambda args: calls.append("campaign") or 0)
+    target = "kda_fuzz_kernels.kda_decode:helion_fused_recurrent_kda_packed_decode"
+    assert cli.main(["fuzz", "--target", target, "--contract", "helion"]) == 0
+    assert calls == ["early", ((target,), "cpu"), "campaign"]
+    calls.clear()
+    assert cli.main(["fuzz", "--target", target, "--contract", "helion", "--no-isolate"]) == 0
+    assert calls == ["campaign"]
+
+
 def test_a_user_project_configuring_triton_fuzzes_its_triton_target(tmp_path: Path) -> None:
     project = _project(tmp_path, '[tool.kda-fuzz.targets.kda]\ntriton = ["mykern:decode"]\n')
     r = kda_fuzz("fuzz", "--max-examples", "4", "--seed", "1", "--no-save", "--json",
