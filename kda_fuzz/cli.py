@@ -1158,7 +1158,7 @@ def _main(argv: Sequence[str] | None) -> int:
                 from kda_fuzz.workers.process import start_fork_server_early
 
                 # torch and the engine imported there while this process imports its own;
-                # the kernel libraries once the targets are known (_fuzz)
+                # the kernel libraries once the targets are known (just below)
                 start_fork_server_early()
             from kda_fuzz.workers.process import collector_paused
 

@@ -230,14 +230,19 @@ def project_families(start: Path | None = None) -> list[str]:
 
 
 def choose_targets(config: Config, family: str, variant: str,
-                   override: Sequence[str] = (), defaults: Sequence[str] = ()) -> TargetChoice:
+                   override: Sequence[str] = (),
+                   defaults: Sequence[str] | Callable[[], Sequence[str]] = ()) -> TargetChoice:
     """Replay targets of a ``family``/``variant``: ``override`` (e.g. ``--target``), else
-    the configured ones, else ``defaults`` (pass none to refuse a silent fallback)."""
+    the configured ones, else ``defaults`` (pass none to refuse a silent fallback; a
+    callable is asked only then: asking a contract for its own kernels imports it, torch
+    and all, seconds before the command has chosen anything)."""
     if override:
         return TargetChoice(tuple(override), "option")
     configured = config.targets_for(family, variant)
     if configured is not None:
         return TargetChoice(tuple(configured), "config")
+    if callable(defaults):
+        defaults = defaults()
     if defaults:
         return TargetChoice(tuple(defaults), "default")
     return TargetChoice((), "none")
@@ -314,11 +319,8 @@ def choose_campaign(config: Config, family: str | None, variant: str | None,
                 + " or ".join(f"--contract {v}" for v in mine))
     else:
         why = "--contract"
-    # the contract's own kernels only where nothing else names targets: asking imports
-    # the contract (torch, seconds) before the command has chosen anything
-    own = () if override or config.targets_for(family, variant) is not None \
-        else defaults(family, variant)
-    choice = choose_targets(config, family, variant, override, own)
+    choice = choose_targets(config, family, variant, override,
+                            lambda: defaults(family, variant))
     return CampaignChoice(family, variant, choice, why)
 
 
