@@ -618,8 +618,8 @@ def _held(report: Any, mode: str, share: float) -> str:
     """The note's words for the turns of an extra check that waited for its share of the
     jobs' time (``--extra-share``); none: nothing."""
     n = report.mode_held.get(mode, 0)
-    return (f"; {n} more turn(s) waited: the check had taken its {100 * share:g} % of the "
-            "job's time (--extra-share)" if n else "")
+    return (f"; {n} more turn(s) waited: the check would have taken more than its "
+            f"{100 * share:g} % of the job's time (--extra-share)" if n else "")
 
 
 def _wants_example_db(args: argparse.Namespace) -> bool:

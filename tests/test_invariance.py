@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kda_fuzz.campaign.runner import campaign
+from kda_fuzz.campaign.runner import campaign, within_share
 from kda_fuzz.corpus.store import load_case, save_failure
 from kda_fuzz.engine.case import Case, same_signature
 from kda_fuzz.engine.oracle import batch_variance, run_case
@@ -250,13 +250,25 @@ def test_an_extra_check_waits_once_it_has_taken_its_share_of_the_time():
     assert held.to_json()["mode_held"] == {"batch invariance": held.mode_held["batch invariance"]}
 
 
+def test_a_turn_runs_only_where_its_mean_cost_keeps_the_check_within_its_share():
+    # the first turn has no mean: it runs whenever the check is within its share
+    assert within_share(0.0, 0, 0.0, 0.15) and within_share(0.0, 0, 10.0, 0.15)
+    # 1 s in one turn of 10 s: one more makes 2 of 11 (18 %), past 15 %; 20 % allows it
+    assert not within_share(1.0, 1, 10.0, 0.15) and within_share(1.0, 1, 10.0, 0.2)
+    # 1 s in four turns (0.25 s each) of 10 s: one more makes 1.25 of 10.25 (12 %)
+    assert within_share(1.0, 4, 10.0, 0.15)
+    # already past its share (a restarted job's counted seconds, no turn of its own yet)
+    assert not within_share(2.0, 0, 10.0, 0.15)
+    assert within_share(5.0, 1, 5.0, 1.0)  # 1: every turn
+
+
 def test_the_summary_counts_the_turns_that_waited_and_the_share_is_checked():
     r = kda_fuzz("fuzz", "--target", KDA.reference_target, "--contract", "triton",
                  "--max-examples", "300", "--valid-share", "1", "--seed", "1", "--no-save",
                  "--extra-share", "0.001")
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "more turn(s) waited: the check had taken its 0.1 % of the job's time " \
-           "(--extra-share)" in r.stdout, r.stdout[-2000:]
+    assert "more turn(s) waited: the check would have taken more than its 0.1 % of the " \
+           "job's time (--extra-share)" in r.stdout, r.stdout[-2000:]
     for bad in ("0", "1.5"):
         r = kda_fuzz("fuzz", "--extra-share", bad)
         assert r.returncode == 2

@@ -8,6 +8,7 @@ import contextlib
 import random
 import time
 import zlib
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from typing import Any
@@ -77,6 +78,18 @@ def _turn(subs: Iterable[Case], turn: int, keep: Callable[[Case], bool]
                 return [sub], 0
             kept.append(sub)
     return ([kept[turn % len(kept)]] if kept else []), len(kept)
+
+
+def within_share(spent: float, turns: int, total: float, share: float) -> bool:
+    """Whether an extra check that has taken ``spent`` seconds in ``turns`` turns of a job's
+    ``total`` seconds (its own among them) runs one more turn within ``share`` of the time:
+    with that turn costing its mean so far, the check stays within the share. The first
+    turn (no mean yet) runs once the check is within its share; ``share`` 1 runs every turn.
+    """
+    if share >= 1:
+        return True
+    mean = spent / turns if turns else 0.0
+    return spent + mean <= share * (total + mean)
 
 
 class _Stopped(BaseException):
@@ -198,6 +211,7 @@ class Campaign:
         self._deadline: float | None = self.options.deadline  # (run() sets it for good)
         self._sanitizer: sanitizing.SanitizerClient | None = None  # with options.sanitize
         self._sub_kinds = 0  # the most sub-batches of a case's signature seen (see _turn)
+        self._mode_turns: Counter[str] = Counter()  # extra checks' turns run here (_timed)
         self.steering = Steering(self.options.seed or 0,
                                  resume[1].get("steering") if resume is not None else None)
 
@@ -508,24 +522,23 @@ class Campaign:
                 return
 
     def _within_share(self, mode: str) -> bool:
-        """Whether the extra check ``mode`` runs on this turn: it has taken at most
-        ``options.extra_share`` of the job's time so far (the strata's seconds, its own
-        among them); a turn that waits is counted (``Report.mode_held``)."""
-        share = self.options.extra_share
-        if share >= 1 or self.report.mode_seconds[mode] <= share * sum(
-                self.report.stratum_seconds.values()):
+        """Whether the extra check ``mode`` runs on this turn (:func:`within_share` of the
+        job's time so far); a turn that waits is counted (``Report.mode_held``)."""
+        if within_share(self.report.mode_seconds[mode], self._mode_turns[mode],
+                        sum(self.report.stratum_seconds.values()), self.options.extra_share):
             return True
         self.report.mode_held[mode] += 1
         return False
 
     @contextlib.contextmanager
     def _timed(self, mode: str) -> Iterator[None]:
-        """Count the block's seconds as ``mode``'s (``Report.mode_seconds``)."""
+        """Count the block's seconds as ``mode``'s (``Report.mode_seconds``) and the turn."""
         t = time.monotonic()
         try:
             yield
         finally:
             self.report.mode_seconds[mode] += time.monotonic() - t
+            self._mode_turns[mode] += 1
 
     def _sanitize_turn(self, pos: Position, first: Outcome, case: Case) -> bool:
         """Whether this passing example is also replayed under compute-sanitizer: one in

@@ -87,8 +87,9 @@ class CampaignOptions:
     # kernel their target launched (kda_fuzz.execution.configs), each judged as a case
     kernel_configs: int = 0
     # the extra checks of passing cases (batch invariance, CUDA graphs, other kernel
-    # configs): each runs on its turns only while it has taken at most this share of the
-    # job's time (Report.mode_held counts the turns it waited); 1: always
+    # configs): each runs a turn only where it stays within this share of the job's time
+    # with that turn at its mean cost (runner.within_share; Report.mode_held counts the
+    # turns it waited); 1: always
     extra_share: float = 0.15
 
     @classmethod
