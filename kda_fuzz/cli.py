@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from kda_fuzz.campaign.spec import UsageError, shard_of
+from kda_fuzz.campaign.spec import CampaignOptions, UsageError, shard_of
 from kda_fuzz.names import DEFAULT_FAMILY, FAMILIES, SOLE_VARIANT, VARIANTS, label
 
 # Nothing heavy (torch, the contracts, the kernels) is imported above this line or before
@@ -297,11 +297,13 @@ def _fuzz_parser(sub: Any, knobs: Sequence[Any] | None = None) -> None:
                    help="also capture one valid example in 4 in a CUDA graph and judge its "
                         "replay on other values of the same buffers, as serving engines run "
                         "decode (the contract does not ask it: opt-in)")
-    g.add_argument("--extra-share", type=float, default=0.15, metavar="F",
+    g.add_argument("--extra-share", type=float, default=CampaignOptions.extra_share,
+                   metavar="F",
                    help="the most share of each job's time that each extra check of passing "
-                        "cases takes (--invariance, --cuda-graphs, --helion-configs): past "
-                        "it, its turns wait until its share is back under F, and the summary "
-                        "counts them (default 0.15; 1: every turn runs)")
+                        "cases takes (--invariance, --cuda-graphs, --helion-configs): a turn "
+                        "that would take it past F at its mean cost waits, and the summary "
+                        "counts those turns (default %(default)s, which kept each check "
+                        "within 15 %% of the plain rate on an H100; 1: every turn runs)")
     _sanitize_option(g)
     g.add_argument("--sanitize-every", type=int, default=8, metavar="N",
                    help="with --sanitize: one passing valid example in N (of at most 1 MiB "
