@@ -1,5 +1,6 @@
 """This repository's own test sessions: under xdist (``pytest -n auto``), each worker's torch
-ops get the worker's share of the cores, not all of them, and the longest tests start first.
+ops get the worker's share of the cores, not all of them, and the longest tests start first;
+the modules that register process-wide names are imported before any test.
 
 Every worker (and every process a test starts: ``kda-fuzz`` commands, pytest sessions,
 their campaign jobs) would otherwise run torch's intra-op pool on every core; with as many
@@ -61,3 +62,13 @@ def pytest_configure(config: object) -> None:
         import torch
 
         torch.set_num_threads(SHARE)
+
+
+def pytest_sessionstart(session: object) -> None:
+    """Import the modules that register process-wide names (``BaseMarks``) before any test:
+    a pytester session run in-process forgets the modules first imported during it, and a
+    later import of one of them would register its names a second time (ValueError). Which
+    test first imported them depended on how xdist dealt the tests."""
+    import kda_fuzz.engine.recipe
+    import kda_fuzz.engine.shrink
+    import kda_fuzz.families.packed.shrink  # noqa: F401

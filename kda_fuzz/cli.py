@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from kda_fuzz.campaign.spec import CampaignOptions, UsageError, shard_of
-from kda_fuzz.names import DEFAULT_FAMILY, FAMILIES, SOLE_VARIANT, VARIANTS, label
+from kda_fuzz.names import BUILTINS, DEFAULT_FAMILY, FAMILIES, SOLE_VARIANT, VARIANTS, label
 
 # Nothing heavy (torch, the contracts, the kernels) is imported above this line or before
 # the arguments are parsed and checked: a usage error or --help answers at once.
@@ -582,6 +582,8 @@ def _choose(args: argparse.Namespace) -> Any:
     from kda_fuzz.config import ConfigError, choose_campaign
 
     def defaults(family: str, variant: str) -> tuple[str, ...]:
+        if family in BUILTINS:  # declared light: no torch before the fork server is named
+            return BUILTINS[family].targets.get(variant, ())
         from kda_fuzz.families import get_contract
 
         return tuple(get_contract(family).default_targets.get(variant, ()))

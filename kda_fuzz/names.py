@@ -15,18 +15,31 @@ from typing import NamedTuple
 class Builtin(NamedTuple):
     """A built-in family as known without importing it: its variants, the first being its
     default (its contract's ``variants``), its contract and its command-line options and
-    sizes (``MODULE:ATTRIBUTE``, imported on first use; the options' module a light one)."""
+    sizes (``MODULE:ATTRIBUTE``, imported on first use; the options' module a light one),
+    and the project's own kernels per variant (its contract's ``default_targets``: a
+    campaign that names no targets chooses them without importing torch)."""
 
     variants: tuple[str, ...]
     contract: str
     options: str
+    targets: dict[str, tuple[str, ...]]
 
 
+_KDA = "kda_fuzz_kernels.kda_decode:"
+_GDN = "kda_fuzz_kernels.gdn_decode:"
 BUILTINS: dict[str, Builtin] = {
     "kda": Builtin(("helion", "triton"), "kda_fuzz.families.kda.contract:CONTRACT",
-                   "kda_fuzz.families.packed.knobs:KNOBS"),
+                   "kda_fuzz.families.packed.knobs:KNOBS", {
+                       "helion": (f"{_KDA}helion_fused_recurrent_kda_packed_decode",),
+                       "triton": (f"{_KDA}fused_recurrent_kda_packed_decode",
+                                  f"{_KDA}kda_packed_decode"),
+                   }),
     "gdn": Builtin(("triton", "helion"), "kda_fuzz.families.gdn.contract:CONTRACT",
-                   "kda_fuzz.families.packed.knobs:KNOBS"),
+                   "kda_fuzz.families.packed.knobs:KNOBS", {
+                       "helion": (f"{_GDN}helion_fused_recurrent_gated_delta_rule_packed_decode",),
+                       "triton": (f"{_GDN}fused_recurrent_gated_delta_rule_packed_decode",
+                                  f"{_GDN}gdn_packed_decode"),
+                   }),
 }
 # family -> its variants, the first being the family's default
 FAMILIES: dict[str, tuple[str, ...]] = {name: b.variants for name, b in BUILTINS.items()}

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from kda_fuzz.config import AmbiguousTargets, choose_campaign, load_config
-from kda_fuzz.names import FAMILIES
+from kda_fuzz.names import BUILTINS, FAMILIES
 from tests.inprocess import kda_fuzz
 
 pytest_plugins = ["pytester"]
@@ -44,6 +44,8 @@ def test_the_light_registry_names_every_contract_and_variant() -> None:
     from kda_fuzz.families import CONTRACTS
 
     assert {n: c.variants for n, c in CONTRACTS.items()} == FAMILIES
+    assert {n: dict(c.default_targets) for n, c in CONTRACTS.items()} \
+        == {n: b.targets for n, b in BUILTINS.items()}
 
 
 @pytest.mark.parametrize("argv", [["fuzz", "--contract", "foo"], ["fuzz", "--max-examples", "-1"],
@@ -168,6 +170,29 @@ def test_the_fork_server_is_named_its_kernel_libraries_before_the_campaign_resol
     calls.clear()
     assert cli.main(["fuzz", "--target", target, "--contract", "helion", "--no-isolate"]) == 0
     assert calls == ["campaign"]
+
+
+def test_a_campaign_naming_no_targets_names_the_fork_server_its_libraries_before_torch(
+        tmp_path: Path) -> None:
+    """In a project that configures no targets, the built-in contract's own kernels are
+    chosen from the light registry: the fork server is told its kernel libraries before
+    the command has imported torch (seconds on a GPU machine, on every job's path)."""
+    code = (
+        "import sys\n"
+        "from kda_fuzz import cli\n"
+        "from kda_fuzz.workers import process\n"
+        "process.start_fork_server_early = lambda: None\n"
+        "cli._name_preloads = lambda targets, device: print('named', list(targets),\n"
+        "                                                   'torch' in sys.modules)\n"
+        "cli._fuzz = lambda args: 0\n"
+        "cli.main(['fuzz', '--family', sys.argv[1], '--contract', 'helion'])\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for family in ("kda", "gdn"):
+        r = subprocess.run([sys.executable, "-c", code, family], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        named = [line for line in r.stdout.splitlines() if line.startswith("named")]
+        assert named == [f"named {list(BUILTINS[family].targets['helion'])} False"], r.stdout
 
 
 def test_a_user_project_configuring_triton_fuzzes_its_triton_target(tmp_path: Path) -> None:

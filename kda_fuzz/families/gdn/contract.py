@@ -44,6 +44,7 @@ from kda_fuzz.families.packed import tolerance as tol
 from kda_fuzz.families.packed.judge import pow2
 from kda_fuzz.families.packed.knobs import KNOBS
 from kda_fuzz.families.packed.shrink import PackedDecodeShrinker
+from kda_fuzz.names import BUILTINS
 
 SIGNATURE = (
     "mixed_qkv", "a", "b", "A_log", "dt_bias", "scale", "initial_state", "out",
@@ -134,12 +135,7 @@ CONTRACT = Contract(
     upgrade_verdict=packed_judge.upgrade_verdict,  # older files' verdicts
     doc=__doc__ or "",
     scalars={"scale": "float", "use_qk_l2norm_in_kernel": "bool"},
-    default_targets={
-        "helion": ("kda_fuzz_kernels.gdn_decode:"
-                   "helion_fused_recurrent_gated_delta_rule_packed_decode",),
-        "triton": ("kda_fuzz_kernels.gdn_decode:fused_recurrent_gated_delta_rule_packed_decode",
-                   "kda_fuzz_kernels.gdn_decode:gdn_packed_decode"),
-    },
+    default_targets=BUILTINS["gdn"].targets,  # (declared light: chosen without torch)
     reference_target="kda_fuzz_kernels.gdn_decode:reference_gdn_packed_decode",
     execution=ModuleExecution("kda_fuzz.execution.cpu"),
     knobs=KNOBS,  # the packed decode families' options and sizes

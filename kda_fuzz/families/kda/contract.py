@@ -48,6 +48,7 @@ from kda_fuzz.families.packed import summary as packed_summary
 from kda_fuzz.families.packed.judge import Fused, Reference, pow2
 from kda_fuzz.families.packed.knobs import KNOBS
 from kda_fuzz.families.packed.shrink import PackedDecodeShrinker
+from kda_fuzz.names import BUILTINS
 
 SIGNATURE = (
     "mixed_qkv", "a", "b", "A_log", "dt_bias", "scale", "initial_state", "out",
@@ -162,11 +163,7 @@ CONTRACT = Contract(
     upgrade_verdict=packed_judge.upgrade_verdict,  # older files' verdicts
     doc=__doc__ or "",
     scalars={"scale": "float", "use_qk_l2norm_in_kernel": "bool", "lower_bound": "float?"},
-    default_targets={
-        "helion": ("kda_fuzz_kernels.kda_decode:helion_fused_recurrent_kda_packed_decode",),
-        "triton": ("kda_fuzz_kernels.kda_decode:fused_recurrent_kda_packed_decode",
-                   "kda_fuzz_kernels.kda_decode:kda_packed_decode"),
-    },
+    default_targets=BUILTINS["kda"].targets,  # (declared light: chosen without torch)
     reference_target="kda_fuzz_kernels.kda_decode:reference_kda_packed_decode",
     execution=ModuleExecution("kda_fuzz.execution.cpu"),
     knobs=KNOBS,  # its options and sizes (interpreted kernels on CPU: 2^13 elements)
