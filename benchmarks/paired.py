@@ -29,6 +29,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -50,8 +51,10 @@ def export(rev: str, into: Path) -> Path:
     return tree
 
 
-def run(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """One fuzz command in ``tree`` (its own ``kda_fuzz`` first on the path)."""
+def run(tree: Path, args: argparse.Namespace, census_into: Path | None = None
+        ) -> dict[str, Any]:
+    """One fuzz command in ``tree`` (its own ``kda_fuzz`` first on the path); with
+    ``census_into``, the census's logs are copied there."""
     cmd = [sys.executable, "-m", "kda_fuzz", "fuzz", "--device", args.device, "--jobs",
            args.jobs, "--max-seconds", str(args.seconds), "--valid-share", "1",
            "--max-examples", str(10**7), "--seed", "1", "--no-save", "--json",
@@ -77,6 +80,8 @@ def run(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
         wall = time.perf_counter() - t0
         counted = count_compiles(census) if args.census else ""
         marks = timeline(census, epoch, wall) if args.census else ""
+        if args.census and census_into is not None:
+            shutil.copytree(census, census_into, dirs_exist_ok=True)
     if r.returncode not in (0, 1):
         raise SystemExit(f"{tree}: {' '.join(cmd)} exited {r.returncode}:\n{r.stderr[-3000:]}")
     s = json.loads(r.stdout.strip().splitlines()[-1])
@@ -254,7 +259,8 @@ def arguments(doc: str | None, *, baseline_required: bool, rounds: int, seconds:
 
 def main() -> None:
     args = arguments(__doc__, baseline_required=True, rounds=2, seconds=60.0,
-                     keep="write each run's JSON summary there").parse_args()
+                     keep="write each run's JSON summary there (with --census, its logs "
+                          "too)").parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         baseline = (Path(args.baseline_dir).resolve() if args.baseline_dir
                     else export(args.baseline, Path(tmp)))
@@ -270,7 +276,8 @@ def main() -> None:
             order = ["baseline", "this"] if r % 2 == 0 else ["this", "baseline"]
             for name in order:
                 before = settle() if args.device.startswith("cuda") else ""
-                got = run(trees[name], args)
+                got = run(trees[name], args, Path(args.keep) / f"census-round{r + 1}-{name}"
+                          if args.keep else None)
                 results[name].append(got)
                 print(f"{r + 1:5d} {name:9} {got['wall']:7.1f} {got['examples']:9d} "
                       f"{got['examples'] / got['wall']:8.1f} {got['rows'] / got['wall']:11,.0f} "

@@ -518,9 +518,11 @@ def _loaded(specs: list[str], contract: Any) -> list[Any]:
     """Each ``MODULE:CALLABLE`` imported and checked against the contract's signature
     (a usage error when one cannot be)."""
     from kda_fuzz.engine.targets import TargetError, check_signature, load_target
+    from kda_fuzz.execution.lean import optional_imports_skipped
 
     try:
-        targets = [load_target(t) for t in specs]
+        with optional_imports_skipped():  # (what the kernel libraries import to autotune)
+            targets = [load_target(t) for t in specs]
         for t in targets:
             check_signature(t, contract)
     except TargetError as e:
@@ -563,17 +565,16 @@ def _check_variant(family: str, variant: str | None) -> None:
                          f"{', '.join(families[family])})")
 
 
-def _name_preloads(targets: Sequence[str], device: str) -> None:
+def _name_preloads(targets: Sequence[str]) -> None:
     """Start the fork server with the workers' imports, overlapping this process's own, or
     name them to one started early (:func:`kda_fuzz.workers.process.start_fork_server`):
-    the engine's, and for a CPU campaign the kernel libraries of ``targets`` (imported
-    once, not once per job and restart); where a GPU is visible, only what those import
-    that touches no device. Nothing heavy is imported here."""
+    the engine's and the kernel libraries of ``targets``, imported once, not once per job
+    and restart (what of them touches no device, which on a CPU is all of them:
+    :data:`kda_fuzz.execution.DEVICE_FREE_IMPORTS`). Nothing heavy is imported here."""
     from kda_fuzz.execution import device_free_imports, kernel_libraries
     from kda_fuzz.workers.process import start_fork_server
 
-    libraries = kernel_libraries(list(targets))
-    start_fork_server(libraries if device == "cpu" else (), device_free_imports(libraries))
+    start_fork_server((), device_free_imports(kernel_libraries(list(targets))))
 
 
 def _choose(args: argparse.Namespace) -> Any:
@@ -653,7 +654,7 @@ def _fuzz(args: argparse.Namespace, signals: Any = None) -> int:
 
         ask_autotuning()
     if not (not spec.isolate and spec.jobs == 1):
-        _name_preloads(spec.targets, spec.device)  # (once named, the server has them)
+        _name_preloads(spec.targets)  # (once named, the server has them)
     _prepare_device(spec.device, spec.contract)
     early = None
     if spec.device.startswith("cuda") and not (spec.jobs == 1 and not spec.isolate) \
@@ -1171,7 +1172,7 @@ def _main(argv: Sequence[str] | None) -> int:
             if not args.no_isolate:
                 # the server imports the targets' kernel libraries as soon as its own
                 # imports are done, not once this process has imported the engine too
-                _name_preloads(args.chosen.targets.specs, args.device)
+                _name_preloads(args.chosen.targets.specs)
         from kda_fuzz.engine.oracle import EnvironmentFailure
     except UsageError as e:
         print(f"kda-fuzz: error: {e}", file=sys.stderr)

@@ -162,11 +162,11 @@ def test_the_fork_server_is_named_its_kernel_libraries_before_the_campaign_resol
     calls: list[object] = []
     monkeypatch.setattr(process, "start_fork_server_early", lambda: calls.append("early"))
     monkeypatch.setattr(cli, "_name_preloads",
-                        lambda targets, device: calls.append((tuple(targets), device)))
+                        lambda targets: calls.append(tuple(targets)))
     monkeypatch.setattr(cli, "_fuzz", lambda args: calls.append("campaign") or 0)
     target = "kda_fuzz_kernels.kda_decode:helion_fused_recurrent_kda_packed_decode"
     assert cli.main(["fuzz", "--target", target, "--contract", "helion"]) == 0
-    assert calls == ["early", ((target,), "cpu"), "campaign"]
+    assert calls == ["early", (target,), "campaign"]
     calls.clear()
     assert cli.main(["fuzz", "--target", target, "--contract", "helion", "--no-isolate"]) == 0
     assert calls == ["campaign"]
@@ -182,8 +182,8 @@ def test_a_campaign_naming_no_targets_names_the_fork_server_its_libraries_before
         "from kda_fuzz import cli\n"
         "from kda_fuzz.workers import process\n"
         "process.start_fork_server_early = lambda: None\n"
-        "cli._name_preloads = lambda targets, device: print('named', list(targets),\n"
-        "                                                   'torch' in sys.modules)\n"
+        "cli._name_preloads = lambda targets: print('named', list(targets),\n"
+        "                                           'torch' in sys.modules)\n"
         "cli._fuzz = lambda args: 0\n"
         "cli.main(['fuzz', '--family', sys.argv[1], '--contract', 'helion'])\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

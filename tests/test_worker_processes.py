@@ -142,6 +142,32 @@ def test_the_fork_server_leaves_dynamo_inductor_and_sklearn_to_the_jobs() -> Non
                               if m.startswith(("torch._dynamo", "torch._inductor", "sklearn"))}
 
 
+@pytest.mark.parametrize("autotune", [None, "1"])
+def test_the_fork_servers_helion_import_skips_what_only_its_autotuners_use(
+        autotune: str | None) -> None:
+    """The fork server's helion (``DEVICE_FREE_IMPORTS``) comes without scikit-learn, which
+    helion imports for its autotuners' surrogate models alone, unless autotuning is asked
+    for; afterwards scikit-learn imports as usual."""
+    pytest.importorskip("helion")
+    pytest.importorskip("sklearn")
+    from kda_fuzz.execution import DEVICE_FREE_IMPORTS
+
+    code = ("import sys, importlib\n"
+            "for m in sys.argv[1:]: importlib.import_module(m)\n"
+            "print('helion' in sys.modules, 'sklearn' in sys.modules)\n"
+            "import sklearn.ensemble\n"
+            "print('later', 'sklearn' in sys.modules)\n")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("KDA_FUZZ_HELION_AUTOTUNE", "HELION_FORCE_AUTOTUNE",
+                        "HELION_AUTOTUNE_EFFORT", "HELION_USE_DEFAULT_CONFIG")}
+    if autotune:
+        env["KDA_FUZZ_HELION_AUTOTUNE"] = autotune
+    r = subprocess.run([sys.executable, "-c", code, *DEVICE_FREE_IMPORTS["helion"]], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == ["True", str(bool(autotune)), "later", "True"], r.stdout
+
+
 def test_a_compile_leaves_what_it_kept_out_of_the_collectors_walks() -> None:
     """What a process holds when a kernel compile ends is frozen (``gc.freeze``: no full
     collection walks it again), and the garbage of that moment is collected first, never

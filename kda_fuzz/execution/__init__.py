@@ -17,9 +17,11 @@ RUNTIMES = ("triton", "helion")
 # failure. TorchDynamo and Inductor come with helion; jobs were seen frozen inside
 # compiles on some H100 starts with and without them preloaded (the 2026-11-30 tree's
 # too): a compile's stall is never a finding (execution/compiles.py).
+# helion is imported without what only its autotuners use (kda_fuzz.execution.lean).
 DEVICE_FREE_IMPORTS = {
     "triton": ("triton", "triton.language", "triton.runtime.jit"),
-    "helion": ("triton", "triton.language", "triton.runtime.jit", "helion"),
+    "helion": ("triton", "triton.language", "triton.runtime.jit",
+               "kda_fuzz.execution.lean_helion"),
 }
 
 
@@ -29,12 +31,12 @@ def device_free_imports(libraries: list[str] | tuple[str, ...]) -> list[str]:
 
     out: list[str] = []
     for lib in libraries:
-        for name in DEVICE_FREE_IMPORTS.get(lib, ()):
-            try:
-                found = importlib.util.find_spec(name.split(".")[0]) is not None
-            except (ImportError, ValueError):
-                found = False
-            if found and name not in out:
+        try:
+            found = importlib.util.find_spec(lib) is not None
+        except (ImportError, ValueError):
+            found = False
+        for name in DEVICE_FREE_IMPORTS.get(lib, ()) if found else ():
+            if name not in out:
                 out.append(name)
     return out
 
