@@ -18,12 +18,13 @@ from kda_fuzz.engine.targets import load_target
 from kda_fuzz.families import get_contract
 
 
-def shaping(device: str, max_b: int | None = None) -> dict[str, Any]:
+def shaping(device: str, max_b: int | None = None, families: int = 8) -> dict[str, Any]:
     """Valid-layout sizes of the project's kernels as the CLI sets them (no scale stratum):
-    families and batch buckets on cuda, the interpreted kernels' small layouts on cpu."""
+    ``families`` compile groups (a CLI job's share: 1) and batch buckets on cuda, the
+    interpreted kernels' small layouts on cpu."""
     cuda = device.startswith("cuda")
     sizes = get_contract("kda").knobs.resolve({"max_b": max_b if cuda else None}, device, False)
-    return {**({"families": 8} if cuda else {}), **sizes, "scale_share": 0.0}
+    return {**({"families": families} if cuda else {}), **sizes, "scale_share": 0.0}
 
 
 def kernel_table(prof: Any, examples: int, wall: float, top: int) -> None:
@@ -54,6 +55,9 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--max-b", type=int, default=None,
                     help="largest batch size on cuda (default: the contract's)")
+    ap.add_argument("--families", type=int, default=8,
+                    help="compile groups on cuda (default 8: every job's; 1: one job's share, "
+                         "whose compiles the warm-up takes: the steady state)")
     ap.add_argument("--kernels", action="store_true",
                     help="profile device kernels (torch.profiler) instead of Python (cProfile)")
     args = ap.parse_args()
@@ -62,7 +66,7 @@ def main() -> None:
     def run(seconds: float) -> Any:
         return campaign(get_contract("kda"), args.contract, [target], device=args.device,
                         max_examples=10**7, seed=1, valid_share=args.valid_share,
-                        max_seconds=seconds, **shaping(args.device, args.max_b))
+                        max_seconds=seconds, **shaping(args.device, args.max_b, args.families))
 
     warm = run(args.seconds / 2)  # compiles out of the way
     if args.kernels:
