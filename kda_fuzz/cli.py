@@ -518,11 +518,17 @@ def _loaded(specs: list[str], contract: Any) -> list[Any]:
     """Each ``MODULE:CALLABLE`` imported and checked against the contract's signature
     (a usage error when one cannot be)."""
     from kda_fuzz.engine.targets import TargetError, check_signature, load_target
-    from kda_fuzz.execution.lean import optional_imports_skipped
+    from kda_fuzz.execution import kernel_libraries
+    from kda_fuzz.execution.lean import import_lean
 
+    for library in kernel_libraries(specs):  # (without what they import to autotune)
+        if library not in sys.modules:
+            try:
+                import_lean(library)  # (the targets' own imports are theirs: as usual)
+            except Exception:
+                pass  # (load_target says what is wrong)
     try:
-        with optional_imports_skipped():  # (what the kernel libraries import to autotune)
-            targets = [load_target(t) for t in specs]
+        targets = [load_target(t) for t in specs]
         for t in targets:
             check_signature(t, contract)
     except TargetError as e:

@@ -195,6 +195,31 @@ def test_a_campaign_naming_no_targets_names_the_fork_server_its_libraries_before
         assert named == [f"named {list(BUILTINS[family].targets['helion'])} False"], r.stdout
 
 
+def test_the_command_imports_helion_lean_and_the_targets_as_they_are(tmp_path: Path) -> None:
+    """The command's own helion comes without scikit-learn (only its autotuners use it),
+    imported before the targets; a target module that imports scikit-learn itself gets it."""
+    pytest.importorskip("helion")
+    pytest.importorskip("sklearn")
+    (tmp_path / "mykern.py").write_text(
+        "import sklearn\n"
+        "import helion\n"
+        "from kda_fuzz_kernels.kda_decode import helion_fused_recurrent_kda_packed_decode\n"
+        "def decode(*a, **k):\n"
+        "    return helion_fused_recurrent_kda_packed_decode(*a, **k)\n")
+    code = ("import sys\n"
+            "from kda_fuzz import cli\n"
+            "from kda_fuzz.families import get_contract\n"
+            "[t] = cli._loaded(['mykern:decode'], get_contract('kda'))\n"
+            "from helion.autotuner import de_surrogate_hybrid as d\n"
+            "print(t.name, 'sklearn' in sys.modules, d.HAS_ML_DEPS)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    env.pop("KDA_FUZZ_HELION_AUTOTUNE", None)
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split()[-2:] == ["True", "False"], r.stdout
+
+
 def test_a_user_project_configuring_triton_fuzzes_its_triton_target(tmp_path: Path) -> None:
     project = _project(tmp_path, '[tool.kda-fuzz.targets.kda]\ntriton = ["mykern:decode"]\n')
     r = kda_fuzz("fuzz", "--max-examples", "4", "--seed", "1", "--no-save", "--json",
