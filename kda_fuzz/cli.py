@@ -655,7 +655,7 @@ def _fuzz(args: argparse.Namespace, signals: Any = None) -> int:
             return _fuzz(args, own)
 
     spec = resolve(args, _config())  # the one campaign every phase below runs
-    if getattr(args, "helion_autotune", False):  # before any process is started: they inherit it
+    if getattr(args, "helion_autotune", False):  # (main did so before its fork server)
         from kda_fuzz.execution.configs import ask_autotuning
 
         ask_autotuning()
@@ -1165,6 +1165,11 @@ def _main(argv: Sequence[str] | None) -> int:
         _project_families()
         if args.command == "fuzz":
             check_fuzz_args(args)  # before anything heavy is imported
+            if getattr(args, "helion_autotune", False):  # (the fork server, started next,
+                # imports helion with what its autotuners use)
+                from kda_fuzz.execution.configs import ask_autotuning
+
+                ask_autotuning()
             if not args.no_isolate:  # (its workers: forks of the fork server)
                 from kda_fuzz.workers.process import start_fork_server_early
 

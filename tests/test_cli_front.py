@@ -172,6 +172,27 @@ def test_the_fork_server_is_named_its_kernel_libraries_before_the_campaign_resol
     assert calls == ["campaign"]
 
 
+def test_helion_autotune_is_asked_before_the_fork_server_starts(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--helion-autotune`` is in the environment when the fork server starts (which
+    imports helion with what its autotuners use only then: Helion's default autotuner
+    needs scikit-learn)."""
+    from kda_fuzz import cli
+    from kda_fuzz.execution.configs import AUTOTUNE_ENV
+    from kda_fuzz.workers import process
+
+    monkeypatch.setenv(AUTOTUNE_ENV, "0")  # (restored after the test)
+    seen: list[str | None] = []
+    monkeypatch.setattr(process, "start_fork_server_early",
+                        lambda: seen.append(os.environ.get(AUTOTUNE_ENV)))
+    monkeypatch.setattr(cli, "_name_preloads", lambda targets: None)
+    monkeypatch.setattr(cli, "_fuzz", lambda args: 0)
+    target = "kda_fuzz_kernels.kda_decode:helion_fused_recurrent_kda_packed_decode"
+    assert cli.main(["fuzz", "--target", target, "--contract", "helion",
+                     "--helion-autotune"]) == 0
+    assert seen == ["1"]
+
+
 def test_a_campaign_naming_no_targets_names_the_fork_server_its_libraries_before_torch(
         tmp_path: Path) -> None:
     """In a project that configures no targets, the built-in contract's own kernels are
