@@ -633,6 +633,16 @@ def _held(report: Any, mode: str, share: float) -> str:
             f"{100 * share:g} % of the job's time (--extra-share)" if n else "")
 
 
+def _ask_autotuning(args: argparse.Namespace) -> None:
+    """``--helion-autotune``: this process and every process it starts let Helion autotune
+    (asked before the first is started: a fork server imports helion, with what its
+    autotuners use only then)."""
+    if getattr(args, "helion_autotune", False):
+        from kda_fuzz.execution.configs import ask_autotuning
+
+        ask_autotuning()
+
+
 def _wants_example_db(args: argparse.Namespace) -> bool:
     """Whether a shared example database is named (its replay comes first)."""
     cfg = _config()
@@ -649,16 +659,13 @@ def _fuzz(args: argparse.Namespace, signals: Any = None) -> int:
 
     if getattr(args, "chosen", None) is None:  # main did so already; other callers may not
         check_fuzz_args(args)
+        _ask_autotuning(args)
         _choose(args)
     if signals is None:  # from here on: a signal before the campaign ends the command
         with Signals() as own:
             return _fuzz(args, own)
 
     spec = resolve(args, _config())  # the one campaign every phase below runs
-    if getattr(args, "helion_autotune", False):  # (main did so before its fork server)
-        from kda_fuzz.execution.configs import ask_autotuning
-
-        ask_autotuning()
     if not (not spec.isolate and spec.jobs == 1):
         _name_preloads(spec.targets)  # (once named, the server has them)
     _prepare_device(spec.device, spec.contract)
@@ -1165,11 +1172,7 @@ def _main(argv: Sequence[str] | None) -> int:
         _project_families()
         if args.command == "fuzz":
             check_fuzz_args(args)  # before anything heavy is imported
-            if getattr(args, "helion_autotune", False):  # (the fork server, started next,
-                # imports helion with what its autotuners use)
-                from kda_fuzz.execution.configs import ask_autotuning
-
-                ask_autotuning()
+            _ask_autotuning(args)  # (before the fork server: it imports helion for it)
             if not args.no_isolate:  # (its workers: forks of the fork server)
                 from kda_fuzz.workers.process import start_fork_server_early
 
