@@ -1,8 +1,8 @@
 """Where one campaign process spends its time: cProfile of an in-process campaign, or with
 ``--kernels`` (cuda) the device time per example and the kernels that take it.
 
-    python benchmarks/profile_campaign.py [--device cuda] [--seconds 20] [--top 25] [--kernels]
-                                                [--max-b N]
+    python benchmarks/profile_campaign.py [--device cuda] [--seconds 20] [--top 25]
+                                          [--kernels | --plain] [--max-b N] [--families N]
 """
 
 from __future__ import annotations
@@ -60,6 +60,8 @@ def main() -> None:
                          "whose compiles the warm-up takes: the steady state)")
     ap.add_argument("--kernels", action="store_true",
                     help="profile device kernels (torch.profiler) instead of Python (cProfile)")
+    ap.add_argument("--plain", action="store_true",
+                    help="no profiler: the rate alone (cProfile slows Python-heavy code)")
     args = ap.parse_args()
     target = load_target(args.target)
 
@@ -69,7 +71,9 @@ def main() -> None:
                         max_seconds=seconds, **shaping(args.device, args.max_b, args.families))
 
     warm = run(args.seconds / 2)  # compiles out of the way
-    if args.kernels:
+    if args.plain:
+        rep = run(args.seconds)
+    elif args.kernels:
         from torch.profiler import ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -83,7 +87,7 @@ def main() -> None:
           f"{rep.seconds:.1f} s ({rep.examples / rep.seconds:.1f}/s), {rep.facts['rows']} rows")
     if args.kernels:
         kernel_table(prof, rep.examples, rep.seconds, args.top)
-    else:
+    elif not args.plain:
         pstats.Stats(cprof).sort_stats("cumulative").print_stats(args.top)
         pstats.Stats(cprof).sort_stats("tottime").print_stats(args.top)
 
