@@ -35,8 +35,6 @@ PHASES: dict[str, tuple[tuple[str, str], ...]] = {
     "in the campaign loop": (("Campaign.run", "campaign/runner.py"),),
     "Hypothesis run (draw, build, test and its own work)": (
         ("ConjectureRunner.run", "conjecture/engine.py"),),
-    "draw and build (the strategies)": (
-        ("prep_args_kwargs_from_strategies", "hypothesis/control.py"),),
     "draw a layout": (("layouts", "kda/layouts.py"), ("layouts", "gdn/layouts.py")),
     "build a case": (("build", "kda/layouts.py"), ("build", "gdn/layouts.py"),
                      ("build_scale", "kda/scale.py")),
@@ -98,17 +96,19 @@ def analyse(raw: str, top: int) -> dict[str, object]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seconds", type=float, default=60.0)
-    ap.add_argument("--after", type=float, default=30.0)
-    ap.add_argument("--duration", type=float, default=20.0)
-    ap.add_argument("--rate", type=int, default=100)
+    ap.add_argument("--seconds", type=float, default=60.0, help="the command's --max-seconds")
+    ap.add_argument("--after", type=float, default=30.0,
+                    help="seconds into the command when sampling starts (past the compiles)")
+    ap.add_argument("--duration", type=float, default=20.0, help="seconds sampled")
+    ap.add_argument("--rate", type=int, default=100, help="samples per second per process")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--jobs", default="auto")
     ap.add_argument("--args", default="--contract helion")
-    ap.add_argument("--native", action="store_true")
+    ap.add_argument("--native", action="store_true", help="C frames too (slower to sample)")
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--keep", help="write py-spy's raw samples there")
-    ap.add_argument("--py-spy", default=shutil.which("py-spy") or "py-spy")
+    ap.add_argument("--py-spy", default=shutil.which("py-spy") or "py-spy",
+                    help="the py-spy executable (default: the one on PATH)")
     args = ap.parse_args()
     cmd = [sys.executable, "-m", "kda_fuzz", "fuzz", "--device", args.device, "--jobs",
            args.jobs, "--max-seconds", str(args.seconds), "--valid-share", "1",
