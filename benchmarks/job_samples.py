@@ -59,7 +59,18 @@ PHASES = {
     "compile subprocesses (ptxas, cc)": ("subprocess.py:_try_wait",),
     "batch invariance": ("runner.py:_batch_invariance",),
     "Hypothesis mutations": ("conjecture/engine.py:generate_mutations_from",),
+    "in the campaign loop": ("campaign/runner.py:run",),
+    "Hypothesis run (draw, build, test and its own work)": ("conjecture/engine.py:run",),
+    "draw a layout": ("kda/layouts.py:layouts", "gdn/layouts.py:layouts"),
+    "the example (runner._example)": ("campaign/runner.py:_example",),
+    "expectation (the contract's checks)": ("engine/oracle.py:expectation",),
+    "materialize (the call's copies)": ("engine/case.py:materialize",),
+    "the contract's judge": ("packed/judge.py:judge",),
+    "fused judge's read": ("packed/judge.py:_fused_pass",),
+    "settle (device sync after the judge)": ("campaign/supervisor.py:settle",),
+    "report.record": ("campaign/results.py:record",),
 }
+# (a phase's keys never nest in one stack: their inclusive counts are summed)
 
 
 def _key(code: Any) -> str:

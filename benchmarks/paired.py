@@ -51,14 +51,26 @@ def export(rev: str, into: Path) -> Path:
     return tree
 
 
+def command(args: argparse.Namespace) -> list[str]:
+    """The fuzz command of a paired run (``args``: device, jobs, seconds, ``--args``)."""
+    return [sys.executable, "-m", "kda_fuzz", "fuzz", "--device", args.device, "--jobs",
+            args.jobs, "--max-seconds", str(args.seconds), "--valid-share", "1",
+            "--max-examples", str(10**7), "--seed", "1", "--no-save", "--json",
+            *shlex.split(args.args)]
+
+
+def fresh_caches(folder: str | Path) -> dict[str, str]:
+    """The environment of a command whose Triton and Inductor caches start empty, in
+    ``folder`` (as on a fresh machine)."""
+    return {**os.environ, "TRITON_CACHE_DIR": f"{folder}/triton",
+            "TORCHINDUCTOR_CACHE_DIR": f"{folder}/inductor"}
+
+
 def run(tree: Path, args: argparse.Namespace, census_into: Path | None = None
         ) -> dict[str, Any]:
     """One fuzz command in ``tree`` (its own ``kda_fuzz`` first on the path); with
     ``census_into``, the census's logs are copied there."""
-    cmd = [sys.executable, "-m", "kda_fuzz", "fuzz", "--device", args.device, "--jobs",
-           args.jobs, "--max-seconds", str(args.seconds), "--valid-share", "1",
-           "--max-examples", str(10**7), "--seed", "1", "--no-save", "--json",
-           *shlex.split(args.args)]
+    cmd = command(args)
     with tempfile.TemporaryDirectory() as cache:
         # the tree's own kernels package before any installed one (an editable install
         # of this repository maps kda_fuzz_kernels onto its own kernels/ folder)
@@ -67,8 +79,7 @@ def run(tree: Path, args: argparse.Namespace, census_into: Path | None = None
         if (tree / "kernels").is_dir():
             (shim / "kda_fuzz_kernels").symlink_to(tree / "kernels")
         census = Path(cache) / "census"  # (its logs, with --census)
-        env = {**os.environ, "TRITON_CACHE_DIR": f"{cache}/triton",
-               "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor",
+        env = {**fresh_caches(cache),
                "PYTHONPATH": os.pathsep.join(
                    [*([str(HERE / "benchmarks" / "census")] if args.census else []),
                     str(tree), str(shim), *filter(None, [os.environ.get("PYTHONPATH")])])}

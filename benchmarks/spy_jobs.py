@@ -18,38 +18,17 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import os
-import shlex
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent.parent
-JOB = "_run_job (kda_fuzz/campaign/supervisor.py"
+import job_samples  # (this script's folder is on sys.path)
+import paired
 
-# frames that say what a job does: (function name, the end of its file's path)
-PHASES: dict[str, tuple[tuple[str, str], ...]] = {
-    "in the campaign loop": (("Campaign.run", "campaign/runner.py"),),
-    "Hypothesis run (draw, build, test and its own work)": (
-        ("ConjectureRunner.run", "conjecture/engine.py"),),
-    "draw a layout": (("layouts", "kda/layouts.py"), ("layouts", "gdn/layouts.py")),
-    "build a case": (("build", "kda/layouts.py"), ("build", "gdn/layouts.py"),
-                     ("build_scale", "kda/scale.py")),
-    "the example (runner._example)": (("Campaign._example", "campaign/runner.py"),),
-    "run_case": (("run_case", "engine/oracle.py"),),
-    "expectation (the contract's checks)": (("expectation", "engine/oracle.py"),),
-    "materialize (the call's copies)": (("Case.materialize", "engine/case.py"),),
-    "judge": (("judge", "packed/judge.py"),),
-    "fused judge's read": (("_fused_pass", "packed/judge.py"),),
-    "settle (device sync after the judge)": (("_SharedRecorder.settle", "supervisor.py"),),
-    "Helion bind (a new specialization)": (("Kernel.bind", "runtime/kernel.py"),),
-    "Triton compile": (("JITFunction._do_compile", "runtime/jit.py"),),
-    "batch invariance": (("Campaign._batch_invariance", "campaign/runner.py"),),
-    "report.record": (("Report.record", "campaign/results.py"),),
-}
+HERE = paired.HERE
+JOB = "_run_job (kda_fuzz/campaign/supervisor.py"
 
 
 def frame_key(frame: str) -> tuple[str, str]:
@@ -58,9 +37,11 @@ def frame_key(frame: str) -> tuple[str, str]:
     return name, where.rsplit(":", 1)[0]
 
 
-def matches(frame: str, keys: tuple[tuple[str, str], ...]) -> bool:
+def matches(frame: str, keys: tuple[str, ...]) -> bool:
+    """Whether ``frame`` is one of ``keys`` (``job_samples.PHASES``' "file tail:function",
+    the function by its own name, not its qualified one)."""
     name, path = frame_key(frame)
-    return any(name == f and path.endswith(p) for f, p in keys)
+    return f"{path}:{name.rsplit('.', 1)[-1]}".endswith(keys)
 
 
 def analyse(raw: str, top: int) -> dict[str, object]:
@@ -78,7 +59,7 @@ def analyse(raw: str, top: int) -> dict[str, object]:
         frames = stack.split(";")
         procs.add([f for f in frames if f.startswith("process ")][-1].split(":")[0])
         jobs += n
-        for name, keys in PHASES.items():
+        for name, keys in job_samples.PHASES.items():
             if any(matches(f, keys) for f in frames):
                 phase[name] += n
         leaf[frames[-1]] += n
@@ -88,7 +69,7 @@ def analyse(raw: str, top: int) -> dict[str, object]:
                 break
     return {"samples": jobs, "processes": len(procs),
             "target": sum(under_kernels.values()) / max(1, jobs),
-            "phases": {k: phase[k] / max(1, jobs) for k in PHASES},
+            "phases": {k: phase[k] / max(1, jobs) for k in job_samples.PHASES},
             "leaf": [(k, v / max(1, jobs)) for k, v in leaf.most_common(top)],
             "kernels": [(k, v / max(1, jobs)) for k, v in under_kernels.most_common(top)]}
 
@@ -110,15 +91,11 @@ def main() -> None:
     ap.add_argument("--py-spy", default=shutil.which("py-spy") or "py-spy",
                     help="the py-spy executable (default: the one on PATH)")
     args = ap.parse_args()
-    cmd = [sys.executable, "-m", "kda_fuzz", "fuzz", "--device", args.device, "--jobs",
-           args.jobs, "--max-seconds", str(args.seconds), "--valid-share", "1",
-           "--max-examples", str(10**7), "--seed", "1", "--no-save", "--json",
-           *shlex.split(args.args)]
+    cmd = paired.command(args)
     with tempfile.TemporaryDirectory() as tmp:
-        env = {**os.environ, "TRITON_CACHE_DIR": f"{tmp}/triton",
-               "TORCHINDUCTOR_CACHE_DIR": f"{tmp}/inductor"}
         t0 = time.monotonic()
-        proc = subprocess.Popen(cmd, cwd=HERE, env=env, stdout=subprocess.PIPE,
+        proc = subprocess.Popen(cmd, cwd=HERE, env=paired.fresh_caches(tmp),
+                                stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
         time.sleep(args.after)
         raw = Path(tmp) / "raw.txt"

@@ -42,7 +42,8 @@ def test_the_job_main_threads_shares_by_phase() -> None:
     assert got["samples"] == 10 and got["processes"] == 2
     phases = got["phases"]
     assert phases["in the campaign loop"] == 1.0
-    assert phases["run_case"] == 0.9 and phases["fused judge's read"] == 0.6
+    assert phases["judge (oracle: target call, reference, checks)"] == 0.9
+    assert phases["fused judge's read"] == 0.6 and phases["the contract's judge"] == 0.6
     assert phases["draw a layout"] == 0.1 and phases["build a case"] == 0.0
-    assert got["target"] == 0.3
+    assert got["target"] == 0.3 and phases["target call"] == 0.3
     assert got["leaf"][0] == (READ, 0.6)
