@@ -159,3 +159,33 @@ def test_every_pair_of_breakages_builds(variant: str) -> None:
         expectation(KDA, case)
 
     probe()
+
+
+def test_materialize_copies_every_base_once_in_one_copy_per_dtype() -> None:
+    """The call's copies hold the bases' bytes in storage of their own (a write to one
+    leaves the case as it was), made by one copy per dtype: on a GPU a launch each."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.names: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    p = KdaLayout(B=3, H=1, HV=2, K=4, V=4, qkv_dtype=torch.bfloat16, ab_dtype=torch.float16,
+                  state_dtype=torch.float32, idx_dtype=torch.int32, guard=2, seed=5)
+    case = build(p, "triton")
+    with Ops() as ops:
+        kwargs, bases = case.materialize()
+    dtypes = {t.dtype for t in case.tensors.values()}
+    assert ops.names.count("_foreach_copy_") == len(dtypes) >= 4
+    assert "clone" not in ops.names and "copy_" not in ops.names
+    for name, t in case.tensors.items():
+        assert bases[name].untyped_storage().data_ptr() != t.base.untyped_storage().data_ptr()
+        assert torch.equal(bases[name].view(torch.uint8), t.base.view(torch.uint8)), name
+        assert kwargs[name].data_ptr() == bases[name].data_ptr() + t.offset * t.base.element_size()
+    kwargs["initial_state"].fill_(7.0)
+    assert not bool((case.tensors["initial_state"].view() == 7.0).any())

@@ -183,6 +183,20 @@ def guarded_arg(shape: Sequence[int], dtype: torch.dtype, values: torch.Tensor |
     return arg
 
 
+def copies(bases: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Fresh copies of 1-D contiguous ``bases``, made by one copy per device and dtype
+    (``torch._foreach_copy_``: one launch each on a GPU, where a copy per base was one
+    launch per base)."""
+    out = {n: torch.empty_like(b) for n, b in bases.items()}
+    groups: dict[tuple[torch.device, torch.dtype], list[str]] = {}
+    for n, b in bases.items():
+        if b.device.type != "meta" and b.numel():
+            groups.setdefault((b.device, b.dtype), []).append(n)
+    for names in groups.values():
+        torch._foreach_copy_([out[n] for n in names], [bases[n] for n in names])
+    return out
+
+
 def _specialized(case: Case) -> tuple[Any, ...]:
     """Everything of ``case`` a kernel specializes on: each tensor's shape, strides,
     offset and dtype, and the scalars (values and buffers aside)."""
@@ -219,7 +233,7 @@ class Case:
 
     def materialize(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         """Fresh copies of the bases and the call's keyword arguments viewing them."""
-        bases = {n: t.base.clone() for n, t in self.tensors.items()}
+        bases = copies({n: t.base for n, t in self.tensors.items()})
         kwargs: dict[str, Any] = {n: t.view(bases[n]) for n, t in self.tensors.items()}
         kwargs.update(self.scalars)
         return kwargs, bases
