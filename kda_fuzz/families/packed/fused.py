@@ -193,12 +193,13 @@ def _consts(values: tuple[float, ...], dev: torch.device) -> torch.Tensor:
 
 
 def summary(views: dict[str, Any], got_state: torch.Tensor, got_out: torch.Tensor, *,
-            gate_per_key: bool, named: torch.Tensor) -> torch.Tensor:
+            gate_per_key: bool, named: torch.Tensor, out: torch.Tensor | None = None
+            ) -> torch.Tensor:
     """The case's summary (``COLUMNS`` float64 values on its device, see the column
-    names): ``views`` are the arguments as handed to the target (``initial_state`` the
-    state before the call), ``got_*`` the caller's tensors after it. ``named`` (int8, one
-    per slot, zeros) gets a 1 for each slot a live row names. On CPU tensors the kernel
-    runs in the Triton interpreter (tests)."""
+    names; written into ``out`` where given): ``views`` are the arguments as handed to
+    the target (``initial_state`` the state before the call), ``got_*`` the caller's
+    tensors after it. ``named`` (int8, one per slot, zeros) gets a 1 for each slot a live
+    row names. On CPU tensors the kernel runs in the Triton interpreter (tests)."""
     state, qkv = views["initial_state"], views["mixed_qkv"]
     num_slots, HV, V, K = state.shape
     B = qkv.shape[0]
@@ -219,8 +220,8 @@ def summary(views: dict[str, Any], got_state: torch.Tensor, got_out: torch.Tenso
     consts = _consts(tuple(values), dev)
     part = torch.empty((B * HV * NVB, COLUMNS), dtype=torch.float64, device=dev)
     if part.numel() == 0:
-        return torch.tensor([-1.0, -1.0, 0, 0, 0, 0], dtype=torch.float64).to(
-            dev, non_blocking=True)
+        empty = torch.tensor([-1.0, -1.0, 0, 0, 0, 0], dtype=torch.float64)
+        return empty.to(dev) if out is None else out.copy_(empty)
     idx = views["ssm_state_indices"]
     args = (qkv, views["a"], views["b"], views["A_log"], views["dt_bias"], idx, state,
             got_state, got_out, consts, part, named, num_slots, H, HV, K, V, NVB,
@@ -238,4 +239,4 @@ def summary(views: dict[str, Any], got_state: torch.Tensor, got_out: torch.Tenso
     else:
         tile = BK * BV  # small tiles (many programs of little work): fewer idle threads
         _judge_rows[grid](*args, **meta, num_warps=1 if tile <= 256 else 2 if tile <= 512 else 4)
-    return part.amax(0)
+    return torch.amax(part, 0) if out is None else torch.amax(part, 0, out=out)

@@ -312,19 +312,23 @@ def _fused_pass(case: Case, views: dict[str, Any], kwargs: dict[str, Any],
         return False
     out, state = kwargs["out"], kwargs["initial_state"]
     try:
+        # what is read back, written in place by each reduction (no stack, cast or cat):
+        # bytes changed, pool cells written, then the kernel's summary
+        values = torch.empty(2 + pf.COLUMNS, dtype=torch.float64, device=state.device)
         named = torch.zeros(state.shape[0], dtype=torch.int8, device=state.device)
-        summary = pf.summary(views, state, out, gate_per_key=fused.gate_per_key, named=named)
+        pf.summary(views, state, out, gate_per_key=fused.gate_per_key, named=named,
+                   out=values[2:])
+        _changed_bytes(case, before, after, out=values[0])
         # the pool: every cell outside the slots the kernel saw named is bit-identical
         written = _written(case, before, after, named.view(torch.bool))
-        flags = [_same_bytes(case, before, after), ~written.any()]
-        values = torch.cat([torch.stack(flags).to(torch.float64), summary]).tolist()
+        torch.sum(written.view(-1), 0, dtype=torch.float64, out=values[1])
+        changed, touched, *s = values.tolist()
     except Exception as e:
         if device_error(e):  # the target's asynchronous fault: the caller's to report
             raise
         pf.disable(e)  # the fast path's own failure, never a verdict: torch from now on
         return False
-    (same, untouched), s = values[:2], values[2:]
-    if s[pf.PAST_POOL] or not same or not untouched or s[pf.PADDING_NONZERO]:
+    if s[pf.PAST_POOL] or changed or touched or s[pf.PADDING_NONZERO]:
         return False
     if s[pf.UNFIT]:  # every rule but the numbers holds (as in _diagnose)
         raise Unjudgeable("float64 result exceeds half the range of the stored dtype")
@@ -347,10 +351,10 @@ def _as_handed(case: Case, kwargs: dict[str, Any], after: dict[str, torch.Tensor
     return True
 
 
-def _same_bytes(case: Case, before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]
-                ) -> torch.Tensor:
-    """The read-only inputs' bases and the guard cells of ``out``'s base are bit-identical
-    (a device boolean; four kernels)."""
+def _changed_bytes(case: Case, before: dict[str, torch.Tensor],
+                   after: dict[str, torch.Tensor], *, out: torch.Tensor) -> None:
+    """How many bytes of the read-only inputs' bases and of the guard cells of ``out``'s
+    base changed, summed into ``out`` (a 0-dim float64 device tensor; four kernels)."""
     olds, news = [before[n] for n in READ_ONLY], [after[n] for n in READ_ONLY]
     arg = case.tensors["out"]
     if arg.view().is_contiguous():  # the view is one run of the base: guards around it
@@ -363,7 +367,7 @@ def _same_bytes(case: Case, before: dict[str, torch.Tensor], after: dict[str, to
         news.append(after["out"][guard])
     a = torch.cat([t.view(torch.uint8) for t in olds])  # 1-D bases and runs of them
     b = torch.cat([t.view(torch.uint8) for t in news])
-    return (a == b).all()
+    torch.sum(a != b, 0, dtype=torch.float64, out=out)
 
 
 def within(got: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor,
