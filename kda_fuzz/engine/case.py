@@ -166,16 +166,21 @@ def guarded_arg(shape: Sequence[int], dtype: torch.dtype, values: torch.Tensor |
     size = 2 * guard + foot
     if torch.device(device).type == "meta":
         return TensorArg(torch.empty(size, dtype=dtype, device="meta"), shape, stride, guard)
+    # values on the host for a device buffer (pinned, as the builders make them): no sync
+    host_copy = values is not None and values.device.type == "cpu" \
+        and torch.device(device).type != "cpu"
     if values is not None and foot and not guard and values.numel() == foot and all(
             s == d for s, d, n in zip(stride, dense, shape) if n > 1):
         # a row-major view covering its whole base: no cell is left for a sentinel
-        base = torch.empty(size, dtype=dtype, device=device).copy_(values.reshape(-1))
+        base = torch.empty(size, dtype=dtype, device=device).copy_(values.reshape(-1),
+                                                                   non_blocking=host_copy)
         return TensorArg(base, shape, stride)
     base = torch.full((size,), sentinel(dtype), dtype=dtype, device=device)
     arg = TensorArg(base, shape, stride, guard)
     if values is not None and foot:
         if not _overlaps(shape, stride):
-            arg.view().copy_(values.reshape(shape))  # converts to dtype as it copies
+            # converts to dtype as it copies
+            arg.view().copy_(values.reshape(shape), non_blocking=host_copy)
         else:  # overlapping view (a zero stride): fill the cells it reaches, in base order
             flat = values.flatten().to(dtype)
             n = min(foot, flat.numel())

@@ -156,19 +156,19 @@ def _padding(p: KdaLayout) -> torch.Tensor | None:
 
 
 def _indices(p: KdaLayout, gen: torch.Generator, pad: torch.Tensor | None) -> torch.Tensor:
-    B, dev = p.B, gen.device
-    idx = torch.randperm(p.num_slots, generator=gen, device=dev)[:B].to(torch.int64)
-    if pad is None:
-        return idx
-    if p.pad_value == "-1":
-        neg = torch.full((B,), -1, dtype=torch.int64, device=dev)
-    elif p.pad_value == "min":
-        neg = torch.full((B,), -(2**31), dtype=torch.int64, device=dev)
-    else:
-        neg = -torch.randint(1, p.num_slots + 3, (B,), generator=gen, device=dev)
-    if dev.type == "cuda":  # from pinned memory: no sync
-        pad = pad.pin_memory().to(dev, non_blocking=True)
-    return torch.where(pad, neg, idx)
+    """The state indices, in ``p.idx_dtype``, made on the host: on a GPU they come from a
+    host generator of their own and go over in one copy from pinned memory (a device
+    permutation and masking took several launches)."""
+    B, host = p.B, gen
+    if gen.device.type != "cpu":
+        host = torch.Generator().manual_seed((p.seed << 1) | 1)
+    idx = torch.randperm(p.num_slots, generator=host)[:B].to(torch.int64)
+    if pad is not None and p.pad_value in ("-1", "min"):
+        idx.masked_fill_(pad, -1 if p.pad_value == "-1" else -(2**31))
+    elif pad is not None:
+        idx = torch.where(pad, -torch.randint(1, p.num_slots + 3, (B,), generator=host), idx)
+    idx = idx.to(p.idx_dtype)
+    return idx if gen.device.type == "cpu" else idx.pin_memory()
 
 
 def build(p: KdaLayout, variant: str, device: str = "cpu") -> Case:
