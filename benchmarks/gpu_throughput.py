@@ -33,6 +33,7 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
+import paired  # (this script's folder is on sys.path)
 import torch
 
 from kda_fuzz.campaign.runner import campaign
@@ -96,10 +97,8 @@ def run_cli(mode: str, target: str, variant: str, seconds: float, seed: int, job
            "--max-seconds", str(seconds), "--seed", str(seed), "--valid-share",
            str(valid_share), "--no-save", "--json", *extra]
     with tempfile.TemporaryDirectory() as cache:  # compile caches of a fresh machine
-        env = {**os.environ, "TRITON_CACHE_DIR": f"{cache}/triton",
-               "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor"}
         t0 = time.perf_counter()
-        r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        r = subprocess.run(cmd, capture_output=True, text=True, env=paired.fresh_caches(cache))
         wall = time.perf_counter() - t0
     if r.returncode not in (0, 1):
         raise SystemExit(f"{' '.join(cmd)} exited {r.returncode}:\n{r.stderr[-3000:]}")
