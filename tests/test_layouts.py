@@ -189,3 +189,33 @@ def test_materialize_copies_every_base_once_in_one_copy_per_dtype() -> None:
         assert kwargs[name].data_ptr() == bases[name].data_ptr() + t.offset * t.base.element_size()
     kwargs["initial_state"].fill_(7.0)
     assert not bool((case.tensors["initial_state"].view() == 7.0).any())
+
+
+def test_indices_of_a_gpu_case_are_made_on_the_host(monkeypatch) -> None:
+    """On a GPU the state indices come from a host generator of their own (seeded from the
+    layout's seed) in the index dtype, pinned for one non-blocking copy: distinct live
+    slots in range, padding rows as drawn, the same indices for the same seed."""
+    from types import SimpleNamespace
+
+    from kda_fuzz.families.kda import layouts as kda_layouts
+
+    pinned: list[torch.Tensor] = []
+    monkeypatch.setattr(torch.Tensor, "pin_memory",
+                        lambda t: pinned.append(t) or t.clone())
+    gpu = SimpleNamespace(device=torch.device("cuda"))  # (its generator is never drawn from)
+    for pad_value in ("-1", "min", "random"):
+        p = KdaLayout(B=16, H=1, HV=1, K=4, V=4, spare_slots=5, padding="some",
+                      pad_value=pad_value, idx_dtype=torch.int32, seed=11)
+        pad = kda_layouts._padding(p)
+        assert pad is not None and 0 < int(pad.sum()) < p.B
+        calls = len(pinned)
+        idx = kda_layouts._indices(p, gpu, pad)
+        assert len(pinned) == calls + 1 and torch.equal(pinned[-1], idx)
+        assert idx.dtype == torch.int32 and idx.device.type == "cpu"
+        live = idx[~pad].long()
+        assert live.unique().numel() == live.numel() and bool(((live >= 0)
+                                                               & (live < p.num_slots)).all())
+        assert bool((idx[pad] < 0).all())
+        if pad_value != "random":
+            assert set(idx[pad].tolist()) == {-1 if pad_value == "-1" else -(2**31)}
+        assert torch.equal(kda_layouts._indices(p, gpu, pad), idx)  # the seed's, each time
