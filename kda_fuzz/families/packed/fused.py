@@ -221,7 +221,8 @@ def summary(views: dict[str, Any], got_state: torch.Tensor, got_out: torch.Tenso
     part = torch.empty((B * HV * NVB, COLUMNS), dtype=torch.float64, device=dev)
     if part.numel() == 0:
         empty = torch.tensor([-1.0, -1.0, 0, 0, 0, 0], dtype=torch.float64)
-        return empty.to(dev) if out is None else out.copy_(empty)
+        return (empty.to(dev, non_blocking=True) if out is None
+                else out.copy_(empty, non_blocking=True))
     idx = views["ssm_state_indices"]
     args = (qkv, views["a"], views["b"], views["A_log"], views["dt_bias"], idx, state,
             got_state, got_out, consts, part, named, num_slots, H, HV, K, V, NVB,

@@ -303,7 +303,7 @@ def _fused_pass(case: Case, views: dict[str, Any], kwargs: dict[str, Any],
                 before: dict[str, torch.Tensor], after: dict[str, torch.Tensor], fused: Fused,
                 budget: dict[str, float] | None) -> bool:
     """Whether every rule holds, decided by ``packed_fused`` and a few byte comparisons in
-    one read of the device (some fifteen kernels in all); raises ``Unjudgeable`` where
+    one read of the device (some ten kernels in all); raises ``Unjudgeable`` where
     the torch oracle would. False sends the case to the torch oracle (which names the
     broken rule, or finds none)."""
     from kda_fuzz.families.packed import fused as pf
