@@ -9,7 +9,7 @@ and the padding mask and the state indices, host work on a GPU, are counted apar
 (host)"). The judge's one read of the device (``.tolist()``) is not an ATen operation.
 
     python benchmarks/launch_count.py [--examples 200] [--seed 1] [--device cpu] [--top 12]
-                                       [--budget 2048] [--variant helion]
+                                       [--budget 2048] [--variant helion] [--campaign]
 """
 
 from __future__ import annotations
@@ -54,32 +54,12 @@ class Counting(TorchDispatchMode):
             self.phase = old
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--examples", type=int, default=200)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--variant", default="helion")
-    ap.add_argument("--budget", type=int, default=2048,
-                    help="state elements per layout (small: the interpreter runs the judge)")
-    ap.add_argument("--top", type=int, default=12, help="operations listed per phase")
-    args = ap.parse_args()
-    if args.device == "cpu":
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-    from hypothesis import HealthCheck, given, settings
-    from hypothesis import seed as hseed
-
-    from kda_fuzz.engine.contract import Unjudgeable
-    from kda_fuzz.engine.oracle import expectation
+def _instrument(mode: Counting) -> None:
+    """The fused judge's interpreted kernel counted as one launch; the padding mask and
+    the indices (host work on a GPU) counted apart."""
     from kda_fuzz.execution import cpu
-    from kda_fuzz.families import get_contract
-    from kda_fuzz.families.kda.layouts import build, layouts
-    from kda_fuzz.families.packed import fused as pf
-    from kda_fuzz.families.packed import judge as pj
-    from kda_fuzz_kernels.kda_decode import reference_kda_packed_decode as target
+    from kda_fuzz.families.kda import layouts as kda_layouts
 
-    contract = get_contract("kda")
-    mode = Counting()
     real_launch = cpu.launch_triton
 
     def one_launch(kernel: Any, grid: Any, dev: Any, *a: Any, **kw: Any) -> Any:
@@ -87,24 +67,39 @@ def main() -> None:
         with mode.counting(None):
             return real_launch(kernel, grid, dev, *a, **kw)
 
-    cpu.launch_triton = one_launch
-    from kda_fuzz.families.kda import layouts as kda_layouts
-
-    def on_host(fn: Any) -> Any:  # the padding mask and the indices: host work on a GPU
+    def on_host(fn: Any) -> Any:
         def counted(*a: Any, **kw: Any) -> Any:
-            with mode.counting("build (host)" if mode.phase == "build" else mode.phase):
+            with mode.counting("build (host)" if mode.phase in ("build", "campaign")
+                               else mode.phase):
                 return fn(*a, **kw)
         return counted
 
+    cpu.launch_triton = one_launch
     for name in ("_padding", "_indices"):
         setattr(kda_layouts, name, on_host(getattr(kda_layouts, name)))
-    stats: Counter[str] = Counter()
+
+
+def _phases(args: argparse.Namespace, mode: Counting) -> int:
+    """Each phase of ``args.examples`` valid examples run by hand; the number judged."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import seed as hseed
+
+    from kda_fuzz.engine.contract import Unjudgeable
+    from kda_fuzz.engine.oracle import expectation
+    from kda_fuzz.families import get_contract
+    from kda_fuzz.families.kda.layouts import build, layouts
+    from kda_fuzz.families.packed import judge as pj
+    from kda_fuzz_kernels.kda_decode import reference_kda_packed_decode as target
+
+    contract = get_contract("kda")
+    judged = 0
 
     @hseed(args.seed)
     @settings(max_examples=args.examples, database=None, deadline=None,
               suppress_health_check=list(HealthCheck))
     @given(layouts(args.variant, budget=args.budget, max_b=16))
     def example(p: Any) -> None:
+        nonlocal judged
         with mode.counting("build"):
             case = build(p, args.variant, args.device)
         with mode.counting("expectation"):
@@ -115,30 +110,93 @@ def main() -> None:
             kwargs, after = case.materialize()
             before = {n: t.base for n, t in case.tensors.items()}
         with mode.counting(None):
-            result = target(*[kwargs[n] for n in contract.signature])
+            target(*[kwargs[n] for n in contract.signature])
         views = {n: case.tensors[n].view(before[n]) for n in case.tensors}
         views.update(case.scalars)
         with mode.counting("fused judge"):
             try:
-                ok = pj._fused_pass(case, views, kwargs, before, after, pj.KDA_FUSED, None)
+                if not pj._fused_pass(case, views, kwargs, before, after, pj.KDA_FUSED, None):
+                    raise SystemExit("the fused judge did not pass the reference")
             except Unjudgeable:  # judged all the same (every rule but the numbers held)
-                ok = True
-        stats["examples"] += 1
-        stats["passed"] += bool(ok) and result is not None
+                pass
+        judged += 1
 
     with mode:
         example()
+    return judged
+
+
+def _campaign(args: argparse.Namespace, mode: Counting) -> int:
+    """A whole in-process campaign of valid layouts, its judge taking the fused path as
+    on a GPU (the torch oracle only where that does not pass); the number of examples."""
+    from kda_fuzz.campaign.runner import campaign
+    from kda_fuzz.engine.targets import Target, load_target
+    from kda_fuzz.families import get_contract
+    from kda_fuzz.families.packed import judge as pj
+
+    target = load_target("kda_fuzz_kernels.kda_decode:reference_kda_packed_decode")
+    call = target.fn
+
+    def uncounted(*a: Any, **kw: Any) -> Any:
+        with mode.counting(None):
+            return call(*a, **kw)
+
+    torch_judge = pj.judge
+
+    def gpu_judge(case: Any, kwargs: Any, before: Any, after: Any, result: Any,
+                  budget: Any = None, **kw: Any) -> Any:
+        views = {n: case.tensors[n].view(before[n]) for n in case.tensors}
+        views.update(case.scalars)
+        if isinstance(result, tuple) and len(result) == 2 and result[0] is kwargs["out"] \
+                and result[1] is kwargs["initial_state"]:
+            with mode.counting("fused judge"):
+                if pj._fused_pass(case, views, kwargs, before, after, pj.KDA_FUSED, budget):
+                    return None
+        with mode.counting("torch judge"):
+            return torch_judge(case, kwargs, before, after, result, budget, **kw)
+
+    pj.judge = gpu_judge
+    target = Target(target.name, uncounted)
+    with mode, mode.counting("campaign"):
+        report = campaign(get_contract("kda"), args.variant, [target], device=args.device,
+                          max_examples=args.examples, seed=args.seed, valid_share=1.0,
+                          budget=args.budget, max_b=16)
+    return report.examples
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--examples", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--variant", default="helion")
+    ap.add_argument("--budget", type=int, default=2048,
+                    help="state elements per layout (small: the interpreter runs the judge)")
+    ap.add_argument("--campaign", action="store_true",
+                    help="count a whole in-process campaign of valid layouts instead (what "
+                         "else it launches per example shows as 'campaign')")
+    ap.add_argument("--top", type=int, default=12, help="operations listed per phase")
+    args = ap.parse_args()
+    if args.device == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    mode = Counting()
+    _instrument(mode)
+    n = max(1, (_campaign if args.campaign else _phases)(args, mode))
+    from kda_fuzz.families.packed import fused as pf
+
     if pf.broken is not None:
         raise SystemExit(f"the fused judge failed: {pf.broken}")
-    n = max(1, stats["examples"])
-    phases = ("build", "build (host)", "expectation", "materialize", "fused judge")
+    phases = ("campaign", "build", "build (host)", "expectation", "materialize",
+              "fused judge", "torch judge")
     total = sum(mode.ops.values())
     host = sum(v for k, v in mode.ops.items() if k[0] == "build (host)")
-    print(f"{stats['examples']} valid examples ({stats['passed']} passed the fused judge), "
-          f"{args.variant} layouts on {args.device}: {total / n:.1f} operations per example, "
-          f"{(total - host) / n:.1f} of them on the case's device on a GPU")
+    print(f"{n} valid examples, {args.variant} layouts on {args.device}: {total / n:.1f} "
+          f"operations per example, {(total - host) / n:.1f} of them on the case's device "
+          "on a GPU")
     for phase in phases:
         ops = Counter({k[1]: v for k, v in mode.ops.items() if k[0] == phase})
+        if not ops:
+            continue
         reads = sum(v for k, v in ops.items() if k in READS)
         print(f"  {phase:12s} {sum(ops.values()) / n:6.1f} per example"
               f"{f' ({reads / n:.1f} reads of the device)' if reads else ''}")
