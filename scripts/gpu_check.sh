@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # On the GPU machine: kernel checks, the gpu-marked tests, and the throughput benchmark.
 # Usage: scripts/gpu_check.sh kernels|tests|bench|fuzz  (writes logs under $OUT if set)
+#        scripts/gpu_check.sh paired BASE [paired.py options]   (BASE: an exported tree,
+#            e.g. `git archive REV | tar -x -C BASE`, carried along: no git over there)
+#        scripts/gpu_check.sh launches BASE [SECONDS]   (kernels per example, both trees)
 set -uo pipefail
 out=${OUT:-/tmp}
 export PYTHONUNBUFFERED=1
@@ -12,6 +15,14 @@ case "${1:-all}" in
       -p no:cacheprovider 2>&1 | tee "$out/pytest_gpu.txt"
     echo "wall: $(( $(date +%s) - start )) s" | tee -a "$out/pytest_gpu.txt" ;;
   bench) python3 benchmarks/gpu_throughput.py "${@:2}" 2>&1 | tee "$out/throughput.txt" ;;
+  paired) python3 benchmarks/paired.py --baseline-dir "$2" "${@:3}" 2>&1 | tee "$out/paired.txt" ;;
+  launches)
+    for tree in "$2" "$PWD"; do
+      echo "== $tree" | tee -a "$out/launches.txt"
+      (cd "$tree" && PYTHONPATH="$tree${PYTHONPATH:+:$PYTHONPATH}" python3 \
+        benchmarks/profile_campaign.py --kernels --families 1 --seconds "${3:-16}" --top 12) \
+        2>&1 | tee -a "$out/launches.txt"
+    done ;;
   fuzz)
     for v in helion triton; do
       python3 -m kda_fuzz fuzz --device cuda --contract "$v" --max-examples "${2:-300}" \
