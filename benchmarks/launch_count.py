@@ -6,7 +6,8 @@ campaign's rate is bound by launches (benchmarks/README, ninth session); the cou
 vary between machine starts, and it runs on the CPU: the fused judge's kernel under the
 Triton interpreter counts as one launch, the target (the float64 reference) is not counted,
 and the padding mask and the state indices, host work on a GPU, are counted apart ("build
-(host)"). The judge's one read of the device (``.tolist()``) is not an ATen operation.
+(host)"). The judge's one read of the device (``.tolist()``) is not an ATen operation,
+nor is a compiled Triton kernel's launch (``--device cuda`` leaves the fused kernel out).
 
     python benchmarks/launch_count.py [--examples 200] [--seed 1] [--device cpu] [--top 12]
                                        [--budget 2048] [--variant helion] [--campaign]
@@ -26,7 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 # ops that make no launch: views, allocations and metadata
 _FREE = ("empty", "empty_like", "empty_strided", "lift_fresh", "set_", "resize_", "is_pinned",
          "_unsafe_view")
-READS = ("_local_scalar_dense", "_to_cpu", "tolist")
+READS = ("_local_scalar_dense",)  # a scalar read back (int(), bool(), .item())
 
 
 class Counting(TorchDispatchMode):
