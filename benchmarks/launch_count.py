@@ -80,6 +80,11 @@ def _instrument(mode: Counting) -> None:
         setattr(kda_layouts, name, on_host(getattr(kda_layouts, name)))
 
 
+def _views(case: Any, before: dict[str, Any]) -> dict[str, Any]:
+    """The arguments as handed to the target, on the bases ``before`` the call."""
+    return {**{n: t.view(before[n]) for n, t in case.tensors.items()}, **case.scalars}
+
+
 def _phases(args: argparse.Namespace, mode: Counting) -> int:
     """Each phase of ``args.examples`` valid examples run by hand; the number judged."""
     from hypothesis import HealthCheck, given, settings
@@ -112,11 +117,10 @@ def _phases(args: argparse.Namespace, mode: Counting) -> int:
             before = {n: t.base for n, t in case.tensors.items()}
         with mode.counting(None):
             target(*[kwargs[n] for n in contract.signature])
-        views = {n: case.tensors[n].view(before[n]) for n in case.tensors}
-        views.update(case.scalars)
         with mode.counting("fused judge"):
             try:
-                if not pj._fused_pass(case, views, kwargs, before, after, pj.KDA_FUSED, None):
+                if not pj._fused_pass(case, _views(case, before), kwargs, before, after,
+                                      pj.KDA_FUSED, None):
                     raise SystemExit("the fused judge did not pass the reference")
             except Unjudgeable:  # judged all the same (every rule but the numbers held)
                 pass
@@ -146,12 +150,11 @@ def _campaign(args: argparse.Namespace, mode: Counting) -> int:
 
     def gpu_judge(case: Any, kwargs: Any, before: Any, after: Any, result: Any,
                   budget: Any = None, **kw: Any) -> Any:
-        views = {n: case.tensors[n].view(before[n]) for n in case.tensors}
-        views.update(case.scalars)
         if isinstance(result, tuple) and len(result) == 2 and result[0] is kwargs["out"] \
                 and result[1] is kwargs["initial_state"]:
             with mode.counting("fused judge"):
-                if pj._fused_pass(case, views, kwargs, before, after, pj.KDA_FUSED, budget):
+                if pj._fused_pass(case, _views(case, before), kwargs, before, after,
+                                  pj.KDA_FUSED, budget):
                     return None
         with mode.counting("torch judge"):
             return torch_judge(case, kwargs, before, after, result, budget, **kw)
