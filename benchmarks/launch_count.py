@@ -9,8 +9,14 @@ and the padding mask and the state indices, host work on a GPU, are counted apar
 (host)"). The judge's one read of the device (``.tolist()``) is not an ATen operation,
 nor is a compiled Triton kernel's launch (``--device cuda`` leaves the fused kernel out).
 
+``--syncs`` (cuda) counts instead where the host waits for the device: every synchronizing
+call torch's sync debug mode reports, by phase and by the lines of this repository it came
+from (the target's own as "target"). A sync other than the judge's one read makes a job
+wait for its launches behind the other jobs' once more per example.
+
     python benchmarks/launch_count.py [--examples 200] [--seed 1] [--device cpu] [--top 12]
                                        [--budget 2048] [--variant helion] [--campaign]
+                                       [--target M:F] [--syncs]
 """
 
 from __future__ import annotations
@@ -139,7 +145,7 @@ def _campaign(args: argparse.Namespace, mode: Counting) -> int:
     from kda_fuzz.families import get_contract
     from kda_fuzz.families.packed import judge as pj
 
-    target = load_target("kda_fuzz_kernels.kda_decode:reference_kda_packed_decode")
+    target = load_target(args.target)
     call = target.fn
 
     def uncounted(*a: Any, **kw: Any) -> Any:
@@ -168,6 +174,33 @@ def _campaign(args: argparse.Namespace, mode: Counting) -> int:
     return report.examples
 
 
+def _watch_syncs(mode: Counting) -> Counter[tuple[str, str]]:
+    """Every synchronizing CUDA call from now on, counted by phase and by where it came
+    from (the innermost lines of this repository, then the outermost other one)."""
+    import traceback
+    import warnings
+
+    import torch
+
+    seen: Counter[tuple[str, str]] = Counter()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def show(message: Any, *_: Any, **__: Any) -> None:
+        if "synchroniz" not in str(message):
+            return
+        stack = traceback.extract_stack()[:-1]
+        ours = [f for f in stack if f.filename.startswith(root)
+                and not f.filename.endswith("launch_count.py")]
+        where = " <- ".join(f"{os.path.relpath(f.filename, root)}:{f.lineno}"
+                            for f in reversed(ours[-3:]))
+        seen[(mode.phase or "target", where or stack[-1].filename)] += 1
+
+    warnings.showwarning = show
+    warnings.simplefilter("always")
+    torch.cuda.set_sync_debug_mode("warn")
+    return seen
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--examples", type=int, default=200)
@@ -180,12 +213,28 @@ def main() -> None:
                     help="count a whole in-process campaign of valid layouts instead (what "
                          "else it launches per example shows as 'campaign')")
     ap.add_argument("--top", type=int, default=12, help="operations listed per phase")
+    ap.add_argument("--target", default="kda_fuzz_kernels.kda_decode:reference_kda_packed_decode",
+                    help="the target of --campaign (not counted)")
+    ap.add_argument("--syncs", action="store_true",
+                    help="count the host's waits for the device instead (cuda)")
     args = ap.parse_args()
+    if args.syncs and not args.device.startswith("cuda"):
+        raise SystemExit("--syncs needs --device cuda: only a GPU makes the host wait")
     if args.device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")
     mode = Counting()
     _instrument(mode)
+    syncs = _watch_syncs(mode) if args.syncs else None
     n = max(1, (_campaign if args.campaign else _phases)(args, mode))
+    if syncs is not None:
+        import torch
+
+        torch.cuda.set_sync_debug_mode(0)
+        print(f"{n} valid examples, {args.variant} layouts on {args.device}: "
+              f"{sum(syncs.values()) / n:.2f} synchronizing calls per example")
+        for (phase, where), v in syncs.most_common(args.top * 2):
+            print(f"  {v / n:6.2f}  {phase:12s} {where}")
+        return
     from kda_fuzz.families.packed import fused as pf
 
     if pf.broken is not None:
