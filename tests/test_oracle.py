@@ -498,3 +498,36 @@ def test_message_class_policy_counts_wording_and_judges_the_rest() -> None:
     zero_k = campaign(KDA, "triton", [Target("no_harden", mutants.no_harden)],
                       max_examples=600, seed=4, messages="class", max_failures=20)
     assert "wrong-exception-type" in {f.verdict.what for f in zero_k.failures}
+
+
+@pytest.mark.parametrize("cat_bytes", [1 << 26, 0])
+def test_mutated_names_every_base_changed_and_none_else(monkeypatch, cat_bytes: int) -> None:
+    """``_mutated`` names each base with a changed byte (one bit of one cell is enough),
+    in the bases' order, whether the bases are first compared as one buffer or not; where
+    none changed, the one-buffer comparison decides without a comparison per base."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from kda_fuzz.engine import oracle
+
+    monkeypatch.setattr(oracle, "MUTATED_CAT_BYTES", cat_bytes)
+    g = torch.Generator().manual_seed(4)
+    before = {"x": torch.randn(9, generator=g), "y": torch.randn(5, generator=g).half(),
+              "i": torch.arange(4, dtype=torch.int32), "e": torch.empty(0)}
+    after = {n: t.clone() for n, t in before.items()}
+    assert oracle._mutated(before, after) == []
+    after["i"][3] = 3 | (1 << 30)
+    after["y"].view(torch.int16)[0] ^= 1
+    assert oracle._mutated(before, after) == ["y", "i"]
+
+    class Ops(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.names: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    with Ops() as ops:
+        oracle._mutated(before, {n: t.clone() for n, t in before.items()})
+    assert ("stack" in ops.names) == (cat_bytes == 0)

@@ -83,14 +83,23 @@ def same_bits(x: torch.Tensor, y: torch.Tensor) -> bool:
     return torch.equal(x.view(torch.uint8), y.view(torch.uint8))
 
 
+MUTATED_CAT_BYTES = 1 << 26  # bases up to this size are compared as one buffer first
+
+
 def _mutated(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> list[str]:
-    """The names whose bases changed, read back once per device."""
+    """The names whose bases changed, read back once per device (where none did and the
+    bases are small: their bytes compared at once, four kernels instead of two a base)."""
     by_device: dict[torch.device, list[str]] = {}
     for n, t in before.items():
         if t.device.type != "meta":
             by_device.setdefault(t.device, []).append(n)
     changed = []
     for names in by_device.values():
+        olds = [before[n].view(torch.uint8).view(-1) for n in names]
+        if sum(t.numel() for t in olds) <= MUTATED_CAT_BYTES and not bool(
+                (torch.cat(olds) != torch.cat([after[n].view(torch.uint8).view(-1)
+                                               for n in names])).any()):
+            continue
         same = torch.stack([(before[n].view(torch.uint8) == after[n].view(torch.uint8)).all()
                             for n in names]).tolist()
         changed += [n for n, ok in zip(names, same) if not ok]
