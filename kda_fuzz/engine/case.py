@@ -199,17 +199,10 @@ def sent(base: torch.Tensor, device: str | torch.device) -> torch.Tensor:
 
 
 def copies(bases: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Fresh copies of 1-D contiguous ``bases``, made by one copy per device and dtype
-    (``torch._foreach_copy_``: one launch each on a GPU, where a copy per base was one
-    launch per base)."""
-    out = {n: torch.empty_like(b) for n, b in bases.items()}
-    groups: dict[tuple[torch.device, torch.dtype], list[str]] = {}
-    for n, b in bases.items():
-        if b.device.type != "meta" and b.numel():
-            groups.setdefault((b.device, b.dtype), []).append(n)
-    for names in groups.values():
-        torch._foreach_copy_([out[n] for n in names], [bases[n] for n in names])
-    return out
+    """Fresh copies of 1-D contiguous ``bases``, one copy each (``torch._foreach_copy_``
+    was seen to copy a float16 base wrongly on an H100 with torch 2.11: a false
+    ``mutated-a`` finding against a correct kernel)."""
+    return {n: b.clone() for n, b in bases.items()}
 
 
 def _specialized(case: Case) -> tuple[Any, ...]:
