@@ -161,7 +161,7 @@ def _indices(p: KdaLayout, gen: torch.Generator, pad: torch.Tensor | None) -> to
     masking took several launches): on a GPU from a host generator of their own."""
     B, host = p.B, gen
     if gen.device.type != "cpu":
-        host = torch.Generator().manual_seed((p.seed << 1) | 1)
+        host = torch.Generator().manual_seed(((p.seed << 1) | 1) % 2**64)
     idx = torch.randperm(p.num_slots, generator=host)[:B].to(torch.int64)
     if pad is not None and p.pad_value in ("-1", "min"):
         idx.masked_fill_(pad, -1 if p.pad_value == "-1" else -(2**31))
@@ -182,7 +182,7 @@ def build(p: KdaLayout, variant: str, device: str = "cpu") -> Case:
     # on a GPU, values of up to HOST_VALUES elements come from a host generator of their
     # own, and their bases are made on the host and sent in one copy each: a launch per
     # base instead of three (a draw, a fill, a copy); on the CPU every value is gen's
-    host = gen if dev.type == "cpu" else torch.Generator().manual_seed(p.seed << 1)
+    host = gen if dev.type == "cpu" else torch.Generator().manual_seed((p.seed << 1) % 2**64)
 
     def on(n: int) -> torch.Generator:
         return host if n <= HOST_VALUES else gen
