@@ -181,8 +181,7 @@ def guarded_arg(shape: Sequence[int], dtype: torch.dtype, values: torch.Tensor |
     arg = TensorArg(base, shape, stride, guard)
     if values is not None and foot:
         if not _overlaps(shape, stride):
-            # converts to dtype as it copies
-            arg.view().copy_(values.reshape(shape))
+            arg.view().copy_(values.reshape(shape))  # converts to dtype as it copies
         else:  # overlapping view (a zero stride): fill the cells it reaches, in base order
             flat = values.flatten().to(dtype)
             n = min(foot, flat.numel())
@@ -196,13 +195,6 @@ def sent(base: torch.Tensor, device: str | torch.device) -> torch.Tensor:
     if torch.device(device).type == "cuda":
         base = base.pin_memory()
     return torch.empty_like(base, device=device).copy_(base, non_blocking=True)
-
-
-def copies(bases: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Fresh copies of 1-D contiguous ``bases``, one copy each (``torch._foreach_copy_``
-    was seen to copy a float16 base wrongly on an H100 with torch 2.11: a false
-    ``mutated-a`` finding against a correct kernel)."""
-    return {n: b.clone() for n, b in bases.items()}
 
 
 def _specialized(case: Case) -> tuple[Any, ...]:
@@ -241,7 +233,9 @@ class Case:
 
     def materialize(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         """Fresh copies of the bases and the call's keyword arguments viewing them."""
-        bases = copies({n: t.base for n, t in self.tensors.items()})
+        # a clone per base: torch._foreach_copy_ (one per dtype) copied a float16 base
+        # wrongly on an H100 with torch 2.11, a false finding against a correct kernel
+        bases = {n: t.base.clone() for n, t in self.tensors.items()}
         kwargs: dict[str, Any] = {n: t.view(bases[n]) for n, t in self.tensors.items()}
         kwargs.update(self.scalars)
         return kwargs, bases
