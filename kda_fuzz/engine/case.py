@@ -6,7 +6,7 @@ import functools
 import hashlib
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -166,35 +166,26 @@ def guarded_arg(shape: Sequence[int], dtype: torch.dtype, values: torch.Tensor |
     size = 2 * guard + foot
     if torch.device(device).type == "meta":
         return TensorArg(torch.empty(size, dtype=dtype, device="meta"), shape, stride, guard)
-    if values is not None and values.device.type == "cpu" and \
-            torch.device(device).type != "cpu":
-        # values made on the host: the whole base is made there and goes over in one copy
-        # (a fill and a copy on the device were two launches)
-        host = guarded_arg(shape, dtype, values, stride=stride, guard=guard)
-        return replace(host, base=sent(host.base, device))
+    # values on the host for a device buffer (pinned, as the builders make them): no sync
+    host_copy = values is not None and values.device.type == "cpu" \
+        and torch.device(device).type != "cpu"
     if values is not None and foot and not guard and values.numel() == foot and all(
             s == d for s, d, n in zip(stride, dense, shape) if n > 1):
         # a row-major view covering its whole base: no cell is left for a sentinel
-        base = torch.empty(size, dtype=dtype, device=device).copy_(values.reshape(-1))
+        base = torch.empty(size, dtype=dtype, device=device).copy_(values.reshape(-1),
+                                                                   non_blocking=host_copy)
         return TensorArg(base, shape, stride)
     base = torch.full((size,), sentinel(dtype), dtype=dtype, device=device)
     arg = TensorArg(base, shape, stride, guard)
     if values is not None and foot:
         if not _overlaps(shape, stride):
-            arg.view().copy_(values.reshape(shape))  # converts to dtype as it copies
+            # converts to dtype as it copies
+            arg.view().copy_(values.reshape(shape), non_blocking=host_copy)
         else:  # overlapping view (a zero stride): fill the cells it reaches, in base order
             flat = values.flatten().to(dtype)
             n = min(foot, flat.numel())
             base[guard : guard + n] = flat[:n]
     return arg
-
-
-def sent(base: torch.Tensor, device: str | torch.device) -> torch.Tensor:
-    """A host tensor's copy on ``device``, made by one copy that does not wait for the
-    device (from pinned memory, on a GPU)."""
-    if torch.device(device).type == "cuda":
-        base = base.pin_memory()
-    return torch.empty_like(base, device=device).copy_(base, non_blocking=True)
 
 
 def _specialized(case: Case) -> tuple[Any, ...]:

@@ -29,7 +29,6 @@ POW2 = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 EDGE_DIMS = (1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 48, 63, 64, 65, 96, 100, 127,
              128, 129, 160, 192, 255, 256)
 EDGE_B = (1, 2, 3, 31, 32, 33, 64, 65, 127, 128, 255, 256)
-HOST_VALUES = 1 << 14  # on a GPU, values of at most this many elements are made on the host
 DEFAULT_BUDGET = 1 << 18  # B * HV * V * K elements of state touched per valid case
 
 
@@ -157,8 +156,9 @@ def _padding(p: KdaLayout) -> torch.Tensor | None:
 
 
 def _indices(p: KdaLayout, gen: torch.Generator, pad: torch.Tensor | None) -> torch.Tensor:
-    """The state indices, in ``p.idx_dtype``, made on the host (a device permutation and
-    masking took several launches): on a GPU from a host generator of their own."""
+    """The state indices, in ``p.idx_dtype``, made on the host: on a GPU they come from a
+    host generator of their own and go over in one copy from pinned memory (a device
+    permutation and masking took several launches)."""
     B, host = p.B, gen
     if gen.device.type != "cpu":
         host = torch.Generator().manual_seed(((p.seed << 1) | 1) % 2**64)
@@ -167,7 +167,8 @@ def _indices(p: KdaLayout, gen: torch.Generator, pad: torch.Tensor | None) -> to
         idx.masked_fill_(pad, -1 if p.pad_value == "-1" else -(2**31))
     elif pad is not None:
         idx = torch.where(pad, -torch.randint(1, p.num_slots + 3, (B,), generator=host), idx)
-    return idx.to(p.idx_dtype)
+    idx = idx.to(p.idx_dtype)
+    return idx if gen.device.type == "cpu" else idx.pin_memory()
 
 
 def build(p: KdaLayout, variant: str, device: str = "cpu") -> Case:
@@ -179,26 +180,16 @@ def build(p: KdaLayout, variant: str, device: str = "cpu") -> Case:
     if dev.type == "meta":
         return build(p, variant).on("meta")
     gen = torch.Generator(device=dev).manual_seed(p.seed)
-    # on a GPU, values of up to HOST_VALUES elements come from a host generator of their
-    # own, and their bases are made on the host and sent in one copy each: a launch per
-    # base instead of three (a draw, a fill, a copy); on the CPU every value is gen's
-    host = gen if dev.type == "cpu" else torch.Generator().manual_seed((p.seed << 1) % 2**64)
-
-    def on(n: int) -> torch.Generator:
-        return host if n <= HOST_VALUES else gen
-
     vals = p.values
     B, HV, K, V, g = p.B, p.HV, p.K, p.V, p.guard
-    qkv = _fill(on(B * p.width), B * p.width, vals.qkv_kind, vals.qkv_scale)
-    ga = on(B * HV * K)
-    a = torch.empty(B * HV * K, dtype=torch.float32, device=ga.device).normal_(
-        vals.gate_center, vals.gate_spread, generator=ga)
-    dt = _fill(on(HV * K), HV * K, "normal", vals.dt_scale)
-    A_log = _uniform(on(HV), HV, vals.A_log_lo, vals.A_log_width)
-    b = _fill(on(B * HV), B * HV, "normal", vals.b_scale)
+    qkv = _fill(gen, B * p.width, vals.qkv_kind, vals.qkv_scale)
+    a = torch.empty(B * HV * K, dtype=torch.float32, device=dev).normal_(
+        vals.gate_center, vals.gate_spread, generator=gen)
+    dt = _fill(gen, HV * K, "normal", vals.dt_scale)
+    A_log = _uniform(gen, HV, vals.A_log_lo, vals.A_log_width)
+    b = _fill(gen, B * HV, "normal", vals.b_scale)
     slot = HV * V * K + p.slot_pad
-    n_state = p.num_slots * HV * V * K
-    state = _fill(on(n_state), n_state, vals.state_kind, vals.state_scale)
+    state = _fill(gen, p.num_slots * HV * V * K, vals.state_kind, vals.state_scale)
     pad = _padding(p)
     tensors = {
         "mixed_qkv": _row_strided(gen, B, p.width, p.qkv_row_pad, p.qkv_dtype, qkv, g),
