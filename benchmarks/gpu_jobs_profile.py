@@ -4,7 +4,11 @@ jobs do), warm up (compiles), then run under cProfile; the merged profile is pri
 with the device syncs per example (``torch.cuda.set_sync_debug_mode``) by call site.
 
     python benchmarks/gpu_jobs_profile.py [--jobs 8] [--warm 20] [--seconds 15] [--top 30]
-                                       [--max-b N] [--flight]
+                                       [--max-b N] [--flight] [--plain]
+
+``--plain``: no profiler and no sync census, the rate alone (cProfile slows Python-heavy
+code): ``--jobs 1`` against ``--jobs 8`` says how much the jobs slow each other down once
+their compiles are done.
 """
 
 from __future__ import annotations
@@ -53,13 +57,15 @@ def _job(i: int, n: int, args: argparse.Namespace, out: str, start: Any, census:
     run(args.warm, 1)
     start.wait()
     prof = cProfile.Profile()
-    prof.enable()
+    if not args.plain:
+        prof.enable()
     rep = run(args.seconds, 1)  # the warm-up's draws again: compiled already
     prof.disable()
     prof.dump_stats(f"{out}/job{i}.prof")
     sites: collections.Counter[str] = collections.Counter()
     syncs = 0
-    if i == 0 and args.device == "cuda":  # the sync census: job 0 alone, after the others
+    # the sync census: job 0 alone, after the others
+    if i == 0 and args.device == "cuda" and not args.plain:
         census.wait()
 
         def note(*_: Any, **__: Any) -> None:
@@ -99,6 +105,8 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--flight", action="store_true",
                     help="keep a flight record per example, as the isolated default does")
+    ap.add_argument("--plain", action="store_true",
+                    help="no profiler and no sync census: the rate alone")
     args = ap.parse_args()
     ctx = mp.get_context("spawn")
     out = tempfile.mkdtemp()
@@ -113,7 +121,7 @@ def main() -> None:
     for p in procs[1:]:
         p.join()
     wall = time.perf_counter() - t0
-    if args.device == "cuda":
+    if args.device == "cuda" and not args.plain:
         census.wait()  # job 0 runs the census alone
     procs[0].join()
     examples = rows = 0
@@ -125,6 +133,8 @@ def main() -> None:
           f"{rows} rows ({rows / wall:.0f}/s); {per:.1f} ms per example per job")
     if os.path.exists(f"{out}/syncs.txt"):
         print(open(f"{out}/syncs.txt").read())
+    if args.plain:
+        return
     stats = pstats.Stats(*[f"{out}/job{i}.prof" for i in range(args.jobs)])
     stats.sort_stats("tottime").print_stats(args.top)
     stats.sort_stats("cumulative").print_stats(args.top)
