@@ -39,6 +39,8 @@ def _job(i: int, n: int, args: argparse.Namespace, out: str, start: Any, census:
     from kda_fuzz.engine.targets import load_target
     from kda_fuzz.families import get_contract
 
+    # as the CLI's jobs do: no job's torch ops spread over every core
+    torch.set_num_threads(max(1, min(torch.get_num_threads(), (os.cpu_count() or 1) // n)))
     target = load_target(args.target)
     # the isolated default's per-example bookkeeping (a flight record; its progress
     # messages go nowhere here), or none as with --no-isolate
