@@ -4,7 +4,8 @@ tiny kernel launches, copies from the host and host syncs; prints the loops/s of
 
 A campaign job's example is such a loop (Hypothesis and Python, building the case, the
 judge's launches, its device reads); this separates what the host, the launches, the
-copies and the syncs cost.
+copies and the syncs cost. The host work is a timed loop: what sharing the cores costs
+(hyperthreads, caches) does not show here.
 
     python benchmarks/gpu_contention.py [--seconds 4] [--procs 1,8,16]
                                         [--mixes HOST_MS:KERNELS:SYNCS[:COPIES[:pin]],...]
