@@ -61,8 +61,9 @@ def _job(i: int, n: int, args: argparse.Namespace, out: str, start: Any, census:
     if not args.plain:
         prof.enable()
     rep = run(args.seconds, 1)  # the warm-up's draws again: compiled already
-    prof.disable()
-    prof.dump_stats(f"{out}/job{i}.prof")
+    if not args.plain:
+        prof.disable()
+        prof.dump_stats(f"{out}/job{i}.prof")
     sites: collections.Counter[str] = collections.Counter()
     syncs = 0
     # the sync census: job 0 alone, after the others
