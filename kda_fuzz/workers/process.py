@@ -172,6 +172,32 @@ def import_later_preloads(timeout: float = 600.0) -> None:
             pass
 
 
+def exit_quietly_from_the_fork_server() -> None:
+    """In the fork server (``LAST_PRELOAD``): when the last client is gone, the server
+    leaves without the interpreter's teardown (``os._exit``), as the command does. It
+    outlives the command by a moment, and a kernel library's teardown written to the
+    terminal then (triton 3.9's nanobind: some fifty lines of leaked types) would come
+    after the command's last line, or inside the next command's. Does nothing in any
+    other process (a process that imports the module without being the server)."""
+    from multiprocessing import forkserver
+
+    frame = sys._getframe()
+    while frame is not None and frame.f_code is not forkserver.main.__code__:
+        frame = frame.f_back
+    if frame is None:
+        return
+    server = os.getpid()
+
+    def leave() -> None:
+        if os.getpid() == server:  # (a fork ends by os._exit: never here, but be sure)
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
+            os._exit(0)
+
+    atexit.register(leave)
+
+
 PIPE_BYTES = 1 << 20  # a job's messages buffered unread: about a minute of its progress
 
 
