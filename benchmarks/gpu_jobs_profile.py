@@ -4,11 +4,11 @@ jobs do), warm up (compiles), then run under cProfile; the merged profile is pri
 with the device syncs per example (``torch.cuda.set_sync_debug_mode``) by call site.
 
     python benchmarks/gpu_jobs_profile.py [--jobs 8] [--warm 20] [--seconds 15] [--top 30]
-                                       [--max-b N] [--flight] [--plain]
+                                       [--max-b N] [--flight] [--plain] [--deal N]
 
 ``--plain``: no profiler and no sync census, the rate alone (cProfile slows Python-heavy
-code): ``--jobs 1`` against ``--jobs 8`` says how much the jobs slow each other down once
-their compiles are done.
+code): ``--jobs 1 --deal 8`` (one job with the share of one of eight) against ``--jobs 8``
+says how much the jobs slow each other down once their compiles are done.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ def _job(i: int, n: int, args: argparse.Namespace, out: str, start: Any, census:
     from kda_fuzz.families import get_contract
 
     # as the CLI's jobs do: no job's torch ops spread over every core
-    torch.set_num_threads(max(1, min(torch.get_num_threads(), (os.cpu_count() or 1) // n)))
+    deal = args.deal or n  # (with --deal, one job of that many: its threads too)
+    torch.set_num_threads(max(1, min(torch.get_num_threads(), (os.cpu_count() or 1) // deal)))
     target = load_target(args.target)
     # the isolated default's per-example bookkeeping (a flight record; its progress
     # messages go nowhere here), or none as with --no-isolate
@@ -51,7 +52,8 @@ def _job(i: int, n: int, args: argparse.Namespace, out: str, start: Any, census:
     def run(seconds: float, seed: int) -> Any:
         options = CampaignOptions.of(device=args.device, max_examples=10**7, seed=seed,
                                      valid_share=args.valid_share, max_seconds=seconds,
-                                     job=(i, n), **shaping(args.device, args.max_b))
+                                     job=(i, deal),
+                                     **shaping(args.device, args.max_b))
         return Campaign(get_contract("kda"), args.contract, [target], options=options,
                         recorder=recorder).run()
 
@@ -107,9 +109,13 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--flight", action="store_true",
                     help="keep a flight record per example, as the isolated default does")
+    ap.add_argument("--deal", type=int, default=None,
+                    help="each job runs the share of one of this many jobs (default: --jobs)")
     ap.add_argument("--plain", action="store_true",
                     help="no profiler and no sync census: the rate alone")
     args = ap.parse_args()
+    if args.deal is not None and args.deal < args.jobs:
+        ap.error("--deal must be at least --jobs")
     ctx = mp.get_context("spawn")
     out = tempfile.mkdtemp()
     start = ctx.Barrier(args.jobs + 1)

@@ -4,6 +4,8 @@
 #        scripts/gpu_check.sh paired BASE [paired.py options]   (BASE: an exported tree,
 #            e.g. `git archive REV | tar -x -C BASE`, carried along: no git over there)
 #        scripts/gpu_check.sh launches BASE [SECONDS]   (kernels per example, both trees)
+#        scripts/gpu_check.sh sharing [SECONDS]   (the cores' layout, then warm in-process
+#            jobs, 1 against 8: what one job of eight loses to sharing the machine)
 set -uo pipefail
 out=${OUT:-/tmp}
 export PYTHONUNBUFFERED=1
@@ -23,6 +25,12 @@ case "${1:-all}" in
         benchmarks/profile_campaign.py --kernels --families 1 --seconds "${3:-16}" --top 12) \
         2>&1 | tee -a "$out/launches.txt"
     done ;;
+  sharing)
+    { lscpu | grep -E '^(CPU\(s\)|Thread|Core|Socket|Model name|L3)'
+      for jobs in 1 8 1 8; do
+        python3 benchmarks/gpu_jobs_profile.py --plain --jobs "$jobs" --deal 8 --warm 15 \
+          --seconds "${2:-10}" 2>&1 | grep -E '^[0-9]+ jobs'
+      done; } 2>&1 | tee "$out/sharing.txt" ;;
   fuzz)
     for v in helion triton; do
       python3 -m kda_fuzz fuzz --device cuda --contract "$v" --max-examples "${2:-300}" \
