@@ -190,9 +190,7 @@ def exit_quietly_from_the_fork_server() -> None:
 
     def leave() -> None:
         if os.getpid() == server:  # (a fork ends by os._exit: never here, but be sure)
-            for stream in (sys.stdout, sys.stderr):
-                with contextlib.suppress(Exception):
-                    stream.flush()
+            _flush()
             os._exit(0)
 
     atexit.register(leave)
