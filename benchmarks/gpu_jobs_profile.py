@@ -5,10 +5,16 @@ with the device syncs per example (``torch.cuda.set_sync_debug_mode``) by call s
 
     python benchmarks/gpu_jobs_profile.py [--jobs 8] [--warm 20] [--seconds 15] [--top 30]
                                        [--max-b N] [--flight] [--plain] [--deal N]
+                                       [--hogs cpu|gpu] [--hog-count N]
 
 ``--plain``: no profiler and no sync census, the rate alone (cProfile slows Python-heavy
 code): ``--jobs 1 --deal 8`` (one job with the share of one of eight) against ``--jobs 8``
-says how much the jobs slow each other down once their compiles are done.
+says how much the jobs slow each other down once their compiles are done. ``--hogs`` puts
+``--hog-count`` processes (default: 8 less the jobs) beside the measured run that load one
+side of the machine alone: ``cpu`` loops Python and touches no GPU; ``gpu`` loops what a
+job's example asks of the GPU (40 tiny kernels and a read) with a sleep of 3 ms between
+loops instead of host work. One job beside 7 hogs of each kind against one job alone says
+whether sharing the cores or sharing the GPU slows the jobs.
 """
 
 from __future__ import annotations
@@ -95,6 +101,26 @@ def _job(i: int, n: int, args: argparse.Namespace, out: str, start: Any, census:
         f.write(f"{rep.examples} {rep.facts['rows']} {rep.seconds}\n")
 
 
+def _hog(kind: str, stop: Any, start: Any) -> None:
+    import time
+
+    if kind == "gpu":
+        import torch
+
+        x = torch.randn(64, 128, device="cuda")
+        x.sum().item()
+    start.wait()
+    while not stop.is_set():
+        if kind == "cpu":
+            sum(i * i for i in range(2000))
+            continue
+        y = x
+        for _ in range(40):
+            y = y * 1.0001
+        y.sum().item()
+        time.sleep(0.003)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--target", default=TARGET)
@@ -113,16 +139,24 @@ def main() -> None:
                     help="each job runs the share of one of this many jobs (default: --jobs)")
     ap.add_argument("--plain", action="store_true",
                     help="no profiler and no sync census: the rate alone")
+    ap.add_argument("--hogs", choices=("cpu", "gpu"), default=None,
+                    help="processes beside the jobs that load the cores alone (cpu) or the "
+                         "GPU alone (gpu)")
+    ap.add_argument("--hog-count", type=int, default=None,
+                    help="how many hogs (default: 8 less --jobs)")
     args = ap.parse_args()
     if args.deal is not None and args.deal < args.jobs:
         ap.error("--deal must be at least --jobs")
     ctx = mp.get_context("spawn")
     out = tempfile.mkdtemp()
-    start = ctx.Barrier(args.jobs + 1)
-    census = ctx.Barrier(2)
+    hogs = 0 if args.hogs is None else (
+        args.hog_count if args.hog_count is not None else max(0, 8 - args.jobs))
+    start = ctx.Barrier(args.jobs + hogs + 1)
+    census, stop = ctx.Barrier(2), ctx.Event()
     procs = [ctx.Process(target=_job, args=(i, args.jobs, args, out, start, census))
              for i in range(args.jobs)]
-    for p in procs:
+    hogged = [ctx.Process(target=_hog, args=(args.hogs, stop, start)) for _ in range(hogs)]
+    for p in procs + hogged:
         p.start()
     start.wait()
     for p in procs[1:]:
@@ -130,13 +164,17 @@ def main() -> None:
     if args.device == "cuda" and not args.plain:
         census.wait()  # job 0 runs the census alone
     procs[0].join()
+    stop.set()
+    for p in hogged:
+        p.join()
     examples = rows = 0
     wall = 0.0  # the longest of the jobs' measured runs (they start together)
     for i in range(args.jobs):
         e, r, sec = open(f"{out}/job{i}.txt").read().split()
         examples, rows, wall = examples + int(e), rows + int(r), max(wall, float(sec))
     per = args.jobs * wall / max(1, examples) * 1e3
-    print(f"{args.jobs} jobs, {wall:.1f} s: {examples} examples ({examples / wall:.0f}/s), "
+    beside = f" beside {hogs} {args.hogs} hogs" if hogs else ""
+    print(f"{args.jobs} jobs{beside}, {wall:.1f} s: {examples} examples ({examples / wall:.0f}/s), "
           f"{rows} rows ({rows / wall:.0f}/s); {per:.1f} ms per example per job")
     if os.path.exists(f"{out}/syncs.txt"):
         print(open(f"{out}/syncs.txt").read())

@@ -5,7 +5,8 @@
 #            e.g. `git archive REV | tar -x -C BASE`, carried along: no git over there)
 #        scripts/gpu_check.sh launches BASE [SECONDS]   (kernels per example, both trees)
 #        scripts/gpu_check.sh sharing [SECONDS]   (the cores' layout, then warm in-process
-#            jobs, 1 against 8: what one job of eight loses to sharing the machine)
+#            jobs, 1 alone, beside 7 processes loading the cores or the GPU alone, and 8:
+#            what one job of eight loses to sharing the machine, and to which side of it)
 set -uo pipefail
 out=${OUT:-/tmp}
 export PYTHONUNBUFFERED=1
@@ -27,8 +28,9 @@ case "${1:-all}" in
     done ;;
   sharing)
     { lscpu | grep -E '^(CPU\(s\)|Thread|Core|Socket|Model name|L3)'
-      for jobs in 1 8 1 8; do
-        python3 benchmarks/gpu_jobs_profile.py --plain --jobs "$jobs" --deal 8 --warm 15 \
+      for run in 1 "1 --hogs cpu" "1 --hogs gpu" 8 1 "1 --hogs cpu" "1 --hogs gpu" 8; do
+        # shellcheck disable=SC2086  # (the run's words are options)
+        python3 benchmarks/gpu_jobs_profile.py --plain --jobs $run --deal 8 --warm 15 \
           --seconds "${2:-10}" 2>&1 | grep -E '^[0-9]+ jobs'
       done; } 2>&1 | tee "$out/sharing.txt" ;;
   fuzz)
