@@ -6,6 +6,7 @@ with the device syncs per example (``torch.cuda.set_sync_debug_mode``) by call s
     python benchmarks/gpu_jobs_profile.py [--jobs 8] [--warm 20] [--seconds 15] [--top 30]
                                        [--max-b N] [--flight] [--plain] [--deal N]
                                        [--hogs cpu|gpu] [--hog-count N]
+                                       [--sched spin|yield|block] [--reads-every K]
 
 ``--plain``: no profiler and no sync census, the rate alone (cProfile slows Python-heavy
 code): ``--jobs 1 --deal 8`` (one job with the share of one of eight) against ``--jobs 8``
@@ -14,7 +15,12 @@ says how much the jobs slow each other down once their compiles are done. ``--ho
 side of the machine alone: ``cpu`` loops Python and touches no GPU; ``gpu`` loops what a
 job's example asks of the GPU (40 tiny kernels and a read) with a sleep of 3 ms between
 loops instead of host work. One job beside 7 hogs of each kind against one job alone says
-whether sharing the cores or sharing the GPU slows the jobs.
+whether sharing the cores or sharing the GPU slows the jobs. ``--sched`` sets how each job's
+host thread waits for the device in a read (the primary context's flags, set before torch
+makes it): ``spin`` (what CUDA picks while the contexts are fewer than the cores) keeps a
+core busy, ``block`` sleeps until the device is done. ``--reads-every K`` (a measurement
+only: verdicts are not read) leaves out the fused judge's read of the device but on every
+K-th example: what a job waiting for its own launches behind the other jobs' costs.
 """
 
 from __future__ import annotations
@@ -33,14 +39,72 @@ from typing import Any
 TARGET = "kda_fuzz_kernels.kda_decode:helion_fused_recurrent_kda_packed_decode"
 
 
+# the caching allocator's counts that cost a driver call (a free waits for the device)
+ALLOCATOR = ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_ooms")
+
+
+def _allocator(device: str) -> dict[str, int]:
+    import torch
+
+    if device != "cuda":
+        return dict.fromkeys(ALLOCATOR, 0)
+    stats = torch.cuda.memory_stats()
+    return {k: int(stats.get(k, 0)) for k in ALLOCATOR}
+
+
+SCHED = {"spin": 1, "yield": 2, "block": 4}  # CU_CTX_SCHED_*
+
+
+def _set_sched(how: str) -> None:
+    """The primary context's wait flags for device 0 (before torch makes the context)."""
+    import ctypes
+
+    cuda = ctypes.CDLL("libcuda.so.1")
+    dev = ctypes.c_int()
+    for call in (lambda: cuda.cuInit(0), lambda: cuda.cuDeviceGet(ctypes.byref(dev), 0),
+                 lambda: cuda.cuDevicePrimaryCtxSetFlags(dev, SCHED[how])):
+        if call():
+            raise RuntimeError(f"the driver refused the wait flags {how!r}")
+
+
+def _unread(every: int) -> None:
+    """The fused judge without its read of the device but every ``every``-th call (it
+    passes every case it does not read: a measurement of the read's cost alone)."""
+    import torch
+
+    from kda_fuzz.families.packed import fused as pf
+    from kda_fuzz.families.packed import judge
+
+    calls = [0]
+
+    def fused_pass(case: Any, views: Any, kwargs: Any, before: Any, after: Any, fused: Any,
+                   budget: Any) -> bool:
+        state, out = kwargs["initial_state"], kwargs["out"]
+        values = torch.empty(2 + pf.COLUMNS, dtype=torch.float64, device=state.device)
+        named = torch.zeros(state.shape[0], dtype=torch.int8, device=state.device)
+        pf.summary(views, state, out, gate_per_key=fused.gate_per_key, named=named,
+                   out=values[2:])
+        judge._changed_bytes(case, before, after, out=values[0])
+        written = judge._written(case, before, after, named.view(torch.bool))
+        torch.sum(written.view(-1), 0, dtype=torch.float64, out=values[1])
+        calls[0] += 1
+        if calls[0] % every == 0:
+            values.tolist()
+        return True
+
+    judge._fused_pass = fused_pass
+
+
 def _job(i: int, n: int, args: argparse.Namespace, out: str, start: Any, census: Any
          ) -> None:
+    if args.sched:
+        _set_sched(args.sched)
     import torch
     from profile_campaign import shaping  # (this script's folder is on sys.path)
 
     from kda_fuzz.campaign.runner import Campaign, Recorder
     from kda_fuzz.campaign.spec import CampaignOptions
-    from kda_fuzz.campaign.supervisor import CALIBRATION, _SharedRecorder
+    from kda_fuzz.campaign.supervisor import CALIBRATION, _SharedRecorder, claim_device
     from kda_fuzz.campaign.timeouts import store_size
     from kda_fuzz.engine.targets import load_target
     from kda_fuzz.families import get_contract
@@ -48,6 +112,8 @@ def _job(i: int, n: int, args: argparse.Namespace, out: str, start: Any, census:
     # as the CLI's jobs do: no job's torch ops spread over every core
     deal = args.deal or n  # (with --deal, one job of that many: its threads too)
     torch.set_num_threads(max(1, min(torch.get_num_threads(), (os.cpu_count() or 1) // deal)))
+    if args.device == "cuda":  # and its share of the GPU's memory
+        claim_device("cuda", 0, per_gpu=deal)
     target = load_target(args.target)
     # the isolated default's per-example bookkeeping (a flight record; its progress
     # messages go nowhere here), or none as with --no-isolate
@@ -64,11 +130,15 @@ def _job(i: int, n: int, args: argparse.Namespace, out: str, start: Any, census:
                         recorder=recorder).run()
 
     run(args.warm, 1)
+    if args.reads_every:
+        _unread(args.reads_every)
     start.wait()
     prof = cProfile.Profile()
     if not args.plain:
         prof.enable()
+    mem0 = _allocator(args.device)
     rep = run(args.seconds, 1)  # the warm-up's draws again: compiled already
+    mem = {k: v - mem0[k] for k, v in _allocator(args.device).items()}
     if not args.plain:
         prof.disable()
         prof.dump_stats(f"{out}/job{i}.prof")
@@ -98,7 +168,8 @@ def _job(i: int, n: int, args: argparse.Namespace, out: str, start: Any, census:
             for site, k in sites.most_common(25):
                 f.write(f"{k / max(1, counted.examples):8.2f}/ex  {site}\n")
     with open(f"{out}/job{i}.txt", "w") as f:
-        f.write(f"{rep.examples} {rep.facts['rows']} {rep.seconds}\n")
+        f.write(f"{rep.examples} {rep.facts['rows']} {rep.seconds} "
+                f"{' '.join(str(mem[k]) for k in ALLOCATOR)}\n")
 
 
 def _hog(kind: str, stop: Any, start: Any) -> None:
@@ -144,6 +215,11 @@ def main() -> None:
                          "GPU alone (gpu)")
     ap.add_argument("--hog-count", type=int, default=None,
                     help="how many hogs (default: 8 less --jobs)")
+    ap.add_argument("--sched", choices=tuple(SCHED), default=None,
+                    help="how a job's thread waits for the device (default: CUDA's choice)")
+    ap.add_argument("--reads-every", type=int, default=None, metavar="K",
+                    help="read the fused judge's verdict on every K-th example only (a "
+                         "measurement: the others pass unread)")
     args = ap.parse_args()
     if args.deal is not None and args.deal < args.jobs:
         ap.error("--deal must be at least --jobs")
@@ -168,14 +244,22 @@ def main() -> None:
     for p in hogged:
         p.join()
     examples = rows = 0
+    allocator: collections.Counter[str] = collections.Counter()
     wall = 0.0  # the longest of the jobs' measured runs (they start together)
     for i in range(args.jobs):
-        e, r, sec = open(f"{out}/job{i}.txt").read().split()
+        e, r, sec, *counts = open(f"{out}/job{i}.txt").read().split()
         examples, rows, wall = examples + int(e), rows + int(r), max(wall, float(sec))
+        for k, c in zip(ALLOCATOR, counts, strict=True):
+            allocator[k] += int(c)
     per = args.jobs * wall / max(1, examples) * 1e3
-    beside = f" beside {hogs} {args.hogs} hogs" if hogs else ""
+    beside = (f" beside {hogs} {args.hogs} hogs" if hogs else "") + (
+        f" ({args.sched} waits)" if args.sched else "") + (
+        f" (reads every {args.reads_every})" if args.reads_every else "")
     print(f"{args.jobs} jobs{beside}, {wall:.1f} s: {examples} examples ({examples / wall:.0f}/s), "
           f"{rows} rows ({rows / wall:.0f}/s); {per:.1f} ms per example per job")
+    if args.device == "cuda":  # what the caching allocator asked of the driver meanwhile
+        print("  allocator, summed over the jobs: " + ", ".join(
+            f"{k} {allocator[k]}" for k in ALLOCATOR))
     if os.path.exists(f"{out}/syncs.txt"):
         print(open(f"{out}/syncs.txt").read())
     if args.plain:
