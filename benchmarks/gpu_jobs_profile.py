@@ -7,6 +7,7 @@ with the device syncs per example (``torch.cuda.set_sync_debug_mode``) by call s
                                        [--max-b N] [--flight] [--plain] [--deal N]
                                        [--hogs cpu|gpu] [--hog-count N]
                                        [--sched spin|yield|block] [--reads-every K]
+                                       [--no-settle-sync]
 
 ``--plain``: no profiler and no sync census, the rate alone (cProfile slows Python-heavy
 code): ``--jobs 1 --deal 8`` (one job with the share of one of eight) against ``--jobs 8``
@@ -95,6 +96,22 @@ def _unread(every: int) -> None:
     judge._fused_pass = fused_pass
 
 
+def _without_settle_sync(recorder: Any) -> None:
+    """The flight record's ``settle`` without its device-wide sync after the judge's read
+    (a measurement: what that second wait costs a job of eight)."""
+    from contextlib import contextmanager
+
+    from kda_fuzz.campaign.supervisor import JUDGING, STATE
+
+    @contextmanager
+    def settle() -> Any:
+        yield
+        recorder.record[STATE] = JUDGING
+        recorder._timed()
+
+    recorder.settle = settle
+
+
 def _job(i: int, n: int, args: argparse.Namespace, out: str, start: Any, census: Any
          ) -> None:
     if args.sched:
@@ -120,6 +137,8 @@ def _job(i: int, n: int, args: argparse.Namespace, out: str, start: Any, census:
     record = mp.RawArray("d", CALIBRATION + store_size(1))  # the supervisor's layout
     recorder = (_SharedRecorder(record, lambda pos: None, args.device)
                 if args.flight else Recorder())
+    if args.flight and args.no_settle_sync:
+        _without_settle_sync(recorder)
 
     def run(seconds: float, seed: int) -> Any:
         options = CampaignOptions.of(device=args.device, max_examples=10**7, seed=seed,
@@ -217,6 +236,9 @@ def main() -> None:
                     help="how many hogs (default: 8 less --jobs)")
     ap.add_argument("--sched", choices=tuple(SCHED), default=None,
                     help="how a job's thread waits for the device (default: CUDA's choice)")
+    ap.add_argument("--no-settle-sync", action="store_true",
+                    help="with --flight: the flight record's settle without its device-wide "
+                         "sync after the judge's read (a measurement)")
     ap.add_argument("--reads-every", type=int, default=None, metavar="K",
                     help="read the fused judge's verdict on every K-th example only (a "
                          "measurement: the others pass unread)")
@@ -254,7 +276,9 @@ def main() -> None:
     per = args.jobs * wall / max(1, examples) * 1e3
     beside = (f" beside {hogs} {args.hogs} hogs" if hogs else "") + (
         f" ({args.sched} waits)" if args.sched else "") + (
-        f" (reads every {args.reads_every})" if args.reads_every else "")
+        f" (reads every {args.reads_every})" if args.reads_every else "") + (
+        " (flight record)" if args.flight else "") + (
+        " (no settle sync)" if args.no_settle_sync else "")
     print(f"{args.jobs} jobs{beside}, {wall:.1f} s: {examples} examples ({examples / wall:.0f}/s), "
           f"{rows} rows ({rows / wall:.0f}/s); {per:.1f} ms per example per job")
     if args.device == "cuda":  # what the caching allocator asked of the driver meanwhile
