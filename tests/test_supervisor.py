@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -12,6 +13,7 @@ from kda_fuzz.campaign.plan import deal, plan
 from kda_fuzz.campaign.runner import campaign
 from kda_fuzz.campaign.spec import CampaignOptions, CampaignSpec
 from kda_fuzz.campaign.supervisor import Supervisor
+from kda_fuzz.engine.oracle import same_bits
 from kda_fuzz.engine.targets import Target, load_target
 from kda_fuzz.families import get_contract
 
@@ -371,3 +373,52 @@ def test_a_job_judging_past_the_timeout_outside_any_compile_is_left_alone(
     sup.states = [s]
     sup._watch(s)
     assert not s.proc.killed
+
+
+def test_a_restarted_job_records_its_owed_crash_past_the_clock_and_runs_nothing_else(
+) -> None:
+    """A job restarted after a crash owes its record (``hard``: the supervisor knows the
+    position, only the job can regenerate the case): past the clock, or after a stop, it
+    still walks its plan to that position, running nothing else, and records the very
+    case the crashed call had. Before, a crash late in a campaign was lost without a
+    word when its restart took the time left."""
+    import contextlib
+    from dataclasses import replace
+
+    from kda_fuzz.campaign.runner import Campaign, Recorder
+    from kda_fuzz.engine.verdict import Verdict
+
+    class Spy(Recorder):  # the case of every call, by position
+        def __init__(self) -> None:
+            self.case: Any = None
+            self.calls: dict[Any, Any] = {}
+
+        def expect(self, case: Any) -> None:
+            self.case = case
+
+        def call(self, position: Any, target: int) -> Any:
+            self.calls[position] = self.case
+            return contextlib.nullcontext()
+
+    options = CampaignOptions.of(max_examples=40, seed=3, budget=512, max_b=4,
+                                 valid_share=1.0)
+    spy = Spy()
+    Campaign(get_contract("kda"), "triton", [load_target(REFERENCE)], options=options,
+             recorder=spy).run()
+    pos = sorted(spy.calls)[len(spy.calls) // 2]
+    died = Verdict("crash", "process-died", "the process running the target died (SIGABRT)")
+    called: list[bool] = []
+
+    def never(*args: Any) -> Any:
+        called.append(True)
+        raise AssertionError("a call past the clock")
+
+    for late in ({"stop": lambda: True}, {"options": replace(
+            options, deadline=time.monotonic() - 1.0)}):
+        run = Campaign(get_contract("kda"), "triton", [Target("t", never)],
+                       **{"options": options, **late}, hard={pos: (0, died)}).run()
+        (f,) = run.failures
+        assert f.verdict.kind == "crash" and not called and run.examples == 1
+        drawn = spy.calls[pos]
+        assert all(same_bits(f.case.tensors[n].base, t.base)
+                   for n, t in drawn.tensors.items()), late

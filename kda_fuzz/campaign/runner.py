@@ -158,8 +158,9 @@ class Campaign:
     A campaign can start part-way (``resume``: the position of its first example to run,
     with the counts it had there) and be told which positions already crashed or hung
     (``hard``: position -> (target index, verdict)); those cases are regenerated, recorded
-    as failures and not run again; those of ``unexecutable`` (position -> why) are counted
-    as not executable, not run. ``seen``: signatures of failures already kept by
+    as failures and not run again, past the clock or a stop too (the job then walks its
+    plan to them running nothing else); those of ``unexecutable`` (position -> why) are
+    counted as not executable, not run. ``seen``: signatures of failures already kept by
     whoever runs this campaign (a restarted job's supervisor); they count as repeats.
     Draws like layouts that crashed or hung get less of the budget
     (:mod:`kda_fuzz.campaign.steering`; its state resumes with ``resume``'s counts)."""
@@ -269,7 +270,10 @@ class Campaign:
                 continue
             if deadline is not None and time.monotonic() > deadline:
                 self.stopped = self.stopped or Stop(ExitReason.DEADLINE)
-                raise _Stopped
+                if not self.hard:
+                    raise _Stopped
+            if pos not in self.hard and self._owing():
+                continue  # past the clock: only the crashes and hangs owed are recorded
             case = load_seed(self.contract, path)
             if o.device != "cpu":
                 case = case.on(o.device)
@@ -289,8 +293,12 @@ class Campaign:
                     continue  # done before the resume point
                 if deadline is not None and time.monotonic() > deadline:
                     self.stopped = self.stopped or Stop(ExitReason.DEADLINE)
-                    raise _Stopped
-                if deadline is not None and self._over_time_share(arm, arms):
+                    if not self.hard:
+                        raise _Stopped
+                if self._owing() and (rounds, ai, 0) > max(self.hard):
+                    raise _Stopped  # what is owed lies behind: its draws ended before it
+                if deadline is not None and self._over_time_share(arm, arms) \
+                        and not any(p[:2] == (rounds, ai) for p in self.hard):
                     continue  # its stratum has had its share of the time for now
                 self._pos = [rounds, ai, 0]
                 self._run_arm(arm, n, rounds)
@@ -370,7 +378,24 @@ class Campaign:
                 reject()  # like layouts that crashed or hung: another draw instead
         if pos < self.resume_at:
             return  # fast-forward: this example ran before the resume point
+        if pos not in self.hard and self._owing():
+            self._walk_past(pos, case)
+            return
         self._run_one(pos, case)
+
+    def _owing(self) -> bool:
+        """Past the clock or a stop with crashes or hangs of an earlier run of this job
+        still to record (``hard``): they are recorded, nothing else is run."""
+        if not self.hard:
+            return False
+        return (self._deadline is not None and time.monotonic() > self._deadline) \
+            or (self.stop is not None and self.stop())
+
+    def _walk_past(self, pos: Position, case: Case) -> None:
+        """On the way to an owed position: the example is not run, but steering counts it
+        as the earlier run did (so the draws after it stay the same)."""
+        if self.unexecutable.pop(pos, None) is None:
+            self.steering.observe(self._stratum, case, fault=False)
 
     def _run_one(self, pos: Position, case: Case) -> None:
         """Run the example at ``pos``, then record the progress past it."""
