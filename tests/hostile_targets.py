@@ -108,3 +108,19 @@ def slow_but_correct(*args):
     """Correct, and one second and a half per call (a job likely mid-call at its end)."""
     time.sleep(1.5)
     return reference_kda_packed_decode(*args)
+
+
+# aborts_then_slow_to_return: a crash whose restarted job cannot get back to it in time
+_MARK = os.environ.get("KDA_FUZZ_TEST_MARK")
+if _MARK and os.path.exists(_MARK):  # a process started after the crash: a slow import
+    time.sleep(float(os.environ.get("KDA_FUZZ_TEST_SLOW_IMPORT", "60")))
+
+
+def aborts_then_slow_to_return(*args):
+    """Correct, except that the first valid call aborts the process (once: it leaves the
+    file ``KDA_FUZZ_TEST_MARK``); a process that imports this module after that sleeps
+    ``KDA_FUZZ_TEST_SLOW_IMPORT`` seconds first (a library slow to import again)."""
+    if _MARK and args[8].device.type != "meta" and not os.path.exists(_MARK):
+        open(_MARK, "w").close()
+        os.abort()
+    return reference_kda_packed_decode(*args)

@@ -155,3 +155,24 @@ def test_a_finding_keeps_its_minimization_time_before_the_end(tmp_path: Path) ->
     assert saved and len(saved) == summary["failures"], err[-3000:]
     assert not any(json.loads(p.read_text())["description"].startswith("[not minimized]")
                    for p in saved)
+
+
+def test_a_crash_whose_restart_outlasts_the_clock_is_a_finding_said_not_lost(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job's target crashes and its restarted process cannot regenerate the case before
+    the clock's end (here its import sleeps past it): the command still ends in time, and
+    exits 1 with the crash named in its notes and in ``unrecorded_faults`` (no file holds
+    it). Before, the summary said only "1 job restart(s)", with no failure, and exit 0."""
+    monkeypatch.setenv("KDA_FUZZ_TEST_MARK", str(tmp_path / "crashed"))
+    seconds = 10.0
+    wall, code, summary, err = _fuzz(tmp_path, seconds, "--target",
+                                     "tests.hostile_targets:aborts_then_slow_to_return",
+                                     "--contract", "helion", "-j", "1", "--valid-share", "1",
+                                     # (sizes given: no calibration calls before the jobs)
+                                     "--budget", "512", "--max-b", "4")
+    assert (tmp_path / "crashed").exists(), err[-3000:]  # it did crash
+    assert wall < seconds + allowance(seconds), (wall, err[-3000:])
+    assert code == 1 and summary["failures"] == 0, (code, err[-3000:])
+    (lost,) = summary["unrecorded_faults"]
+    assert lost["kind"] == "crash" and "SIGABRT" in lost["detail"], lost
+    assert any("was not recorded" in n for n in summary["notes"]), summary["notes"]

@@ -92,6 +92,7 @@ STOP_GRACE = 3.0  # seconds a job may take to end its example after an interrupt
 # kda_fuzz.campaign.timeouts store (kept across its restarts).
 STATE, ROUND, ARM, EXAMPLE, TARGET, SINCE, LIMIT, CONFIGS, COMPILING = range(9)
 CALIBRATION = 9
+OWED_MARGIN = 0.5  # seconds before the clock's end a job on its way to a crash is killed
 IDLE, CALLING, FAULTED, JUDGING = 0.0, 1.0, 2.0, 3.0  # JUDGING: after a call, before the next
 
 
@@ -365,6 +366,10 @@ class Supervisor:
         # whose re-run stalled in a compile again (counted as not executable)
         self._compile_stalls: set[tuple[int, Position]] = set()
         self._compile_skipped: set[tuple[int, Position]] = set()
+        # (job, position) -> the crash or hang there that its restarted job has not
+        # recorded yet (it regenerates the case): such a job is killed at the clock's end,
+        # not at ``hard_deadline``, and what it never records is said in the notes
+        self._owed: dict[tuple[int, Position], Verdict] = {}
         self._t0 = 0.0
         self._shown = 0.0  # when on_example may next be called
 
@@ -425,7 +430,7 @@ class Supervisor:
                     self.stop.set()
                     cut = time.monotonic() + STOP_GRACE
                 self._reserve()
-                hard = self.hard_deadline
+                hard = self._kill_at()
                 if (cut is not None and time.monotonic() > cut) or (
                         hard is not None and time.monotonic() > hard):
                     self._cut()
@@ -440,8 +445,9 @@ class Supervisor:
             # still there then are killed all at once (a GPU job's exit takes a while: one
             # after another they would add up)
             until = time.monotonic() + 10.0
-            if self.hard_deadline is not None:
-                until = min(until, max(self.hard_deadline, time.monotonic() + 0.5))
+            kill_at = self._kill_at()
+            if kill_at is not None:
+                until = min(until, max(kill_at, time.monotonic() + 0.5))
             for s in self.states:
                 s.proc.join(timeout=max(0.0, until - time.monotonic()))
             _kill_all([s.proc for s in self.states if s.proc.is_alive()],
@@ -464,6 +470,7 @@ class Supervisor:
             self.report.notes.append(str(self.reserved))
         if self.restarts:
             self.report.notes.append(f"{self.restarts} job restart(s) after a crash or hang")
+        self._unrecorded()
         if self.report.shifted:
             self.report.notes.append(shifted_note(self.report.shifted))
         if self.isolate and self.states:
@@ -471,6 +478,40 @@ class Supervisor:
             self.report.notes.append(timeout_note(self.report.extra["timeout"]))
         self.report.seconds = time.monotonic() - t0
         return self.report
+
+    def _kill_at(self) -> float | None:
+        """When the jobs still running are killed: ``hard_deadline``, or while a restarted
+        job owes a crash or hang (``_owed``) the clock's end less ``OWED_MARGIN``."""
+        end = self.spec.budget.end
+        if self.hard_deadline is None or not self._owed or end is None:
+            return self.hard_deadline
+        return max(self.hard_deadline, end - OWED_MARGIN)
+
+    def _settle_owed(self, job: int, snapshot: Snapshot | None, found: bool) -> None:
+        """A job's message: the owed positions it has passed are recorded (a failure's
+        message carries its own position: ``found``)."""
+        if not self._owed or snapshot is None:
+            return
+        here = snapshot[0]
+        for key in [k for k in self._owed if k[0] == job
+                    and (k[1] < here or (found and k[1] == here))]:
+            del self._owed[key]
+
+    def _unrecorded(self) -> None:
+        """Crashes and hangs whose restarted job did not get back to them before the end:
+        no case to save, but never silent (a note, and ``unrecorded_faults`` in the JSON
+        summary)."""
+        if not self._owed:
+            return
+        lost = [{"job": job, "position": list(pos), "kind": v.kind, "what": v.what,
+                 "detail": v.detail} for (job, pos), v in sorted(self._owed.items())]
+        self.report.extra["unrecorded_faults"] = lost
+        for f in lost:
+            self.report.notes.append(
+                f"job {f['job']}: a {f['kind']}/{f['what']} at its example "
+                f"{tuple(f['position'])} was not recorded ({f['detail']}): its restarted "
+                "process did not get back to the case before the clock's end, so no file "
+                "holds it; run again with the same --seed and more --max-seconds")
 
     def _reserve(self) -> None:
         """Past ``minimize_at`` with a failure to minimize: stop the jobs drawing, so that
@@ -583,18 +624,22 @@ class Supervisor:
         match msg:
             case JobProgress(snapshot=snap):
                 s.snapshot = self._history(msg.job, snap)
+                self._settle_owed(msg.job, s.snapshot, found=False)
             case JobFound(failure=payload, snapshot=snap):
                 s.snapshot = self._history(msg.job, snap)
                 self._add(pickle.loads(payload), msg.job)
+                self._settle_owed(msg.job, s.snapshot, found=True)
             case JobRepeat(signature=sig, snapshot=snap):
                 s.snapshot = self._history(msg.job, snap)
                 kept = self._kept.get(sig)
                 if kept is not None:
                     kept.count += 1
+                self._settle_owed(msg.job, s.snapshot, found=True)
             case JobFault(detail=detail):
                 s.fault = detail
             case JobDone(snapshot=snap, summary=summary):
                 s.snapshot, s.summary, s.done = self._history(msg.job, snap), summary, True
+                self._settle_owed(msg.job, s.snapshot, found=False)
             case JobEnvironment(detail=detail):
                 raise EnvironmentFailure(detail)
             case JobFailed(traceback=tb):
@@ -742,6 +787,7 @@ class Supervisor:
             # Recorder.alternative)
             hard[pos] = (target, replace(fault, config_alternative=(
                 int(r[CONFIGS]) - 1 if r[CONFIGS] > 0 else None)))
+            self._owed[(s.spec.index, pos)] = fault
         s.restarts += 1
         self.restarts += 1
         skip = {p: why for p, why in s.spec.unexecutable.items() if p >= start}
