@@ -510,8 +510,8 @@ class Supervisor:
             self.report.notes.append(
                 f"job {f['job']}: a {f['kind']}/{f['what']} at its example "
                 f"{tuple(f['position'])} was not recorded ({f['detail']}): its restarted "
-                "process did not get back to the case before the clock's end, so no file "
-                "holds it; run again with the same --seed and more --max-seconds")
+                "process did not get back to the case before the campaign ended, so no "
+                "file holds it; run again with the same --seed and more --max-seconds")
 
     def _reserve(self) -> None:
         """Past ``minimize_at`` with a failure to minimize: stop the jobs drawing, so that
