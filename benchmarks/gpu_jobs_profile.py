@@ -71,23 +71,13 @@ def _set_sched(how: str) -> None:
 def _unread(every: int) -> None:
     """The fused judge without its read of the device but every ``every``-th call (it
     passes every case it does not read: a measurement of the read's cost alone)."""
-    import torch
-
-    from kda_fuzz.families.packed import fused as pf
     from kda_fuzz.families.packed import judge
 
     calls = [0]
 
     def fused_pass(case: Any, views: Any, kwargs: Any, before: Any, after: Any, fused: Any,
                    budget: Any) -> bool:
-        state, out = kwargs["initial_state"], kwargs["out"]
-        values = torch.empty(2 + pf.COLUMNS, dtype=torch.float64, device=state.device)
-        named = torch.zeros(state.shape[0], dtype=torch.int8, device=state.device)
-        pf.summary(views, state, out, gate_per_key=fused.gate_per_key, named=named,
-                   out=values[2:])
-        judge._changed_bytes(case, before, after, out=values[0])
-        written = judge._written(case, before, after, named.view(torch.bool))
-        torch.sum(written.view(-1), 0, dtype=torch.float64, out=values[1])
+        values = judge._fused_values(case, views, kwargs, before, after, fused)
         calls[0] += 1
         if calls[0] % every == 0:
             values.tolist()

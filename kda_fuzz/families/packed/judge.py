@@ -312,17 +312,8 @@ def _fused_pass(case: Case, views: dict[str, Any], kwargs: dict[str, Any],
         return False
     out, state = kwargs["out"], kwargs["initial_state"]
     try:
-        # what is read back, written in place by each reduction (no stack, cast or cat):
-        # bytes changed, pool cells written, then the kernel's summary
-        values = torch.empty(2 + pf.COLUMNS, dtype=torch.float64, device=state.device)
-        named = torch.zeros(state.shape[0], dtype=torch.int8, device=state.device)
-        pf.summary(views, state, out, gate_per_key=fused.gate_per_key, named=named,
-                   out=values[2:])
-        _changed_bytes(case, before, after, out=values[0])
-        # the pool: every cell outside the slots the kernel saw named is bit-identical
-        written = _written(case, before, after, named.view(torch.bool))
-        torch.sum(written.view(-1), 0, dtype=torch.float64, out=values[1])
-        changed, touched, *s = values.tolist()
+        changed, touched, *s = _fused_values(case, views, kwargs, before, after,
+                                             fused).tolist()
     except Exception as e:
         if device_error(e):  # the target's asynchronous fault: the caller's to report
             raise
@@ -338,6 +329,26 @@ def _fused_pass(case: Case, views: dict[str, Any], kwargs: dict[str, Any],
         budget[f"out/{short_dtype(out.dtype)}"] = s[pf.OUT_RATIO]
         budget[f"state/{short_dtype(state.dtype)}"] = s[pf.STATE_RATIO]
     return True
+
+
+def _fused_values(case: Case, views: dict[str, Any], kwargs: dict[str, Any],
+                  before: dict[str, torch.Tensor], after: dict[str, torch.Tensor],
+                  fused: Fused) -> torch.Tensor:
+    """``_fused_pass``'s launches, no sync: on the case's device, the bytes changed, the
+    pool cells written outside the named slots, then ``packed_fused``'s summary."""
+    from kda_fuzz.families.packed import fused as pf
+
+    out, state = kwargs["out"], kwargs["initial_state"]
+    # what is read back, written in place by each reduction (no stack, cast or cat)
+    values = torch.empty(2 + pf.COLUMNS, dtype=torch.float64, device=state.device)
+    named = torch.zeros(state.shape[0], dtype=torch.int8, device=state.device)
+    pf.summary(views, state, out, gate_per_key=fused.gate_per_key, named=named,
+               out=values[2:])
+    _changed_bytes(case, before, after, out=values[0])
+    # the pool: every cell outside the slots the kernel saw named is bit-identical
+    written = _written(case, before, after, named.view(torch.bool))
+    torch.sum(written.view(-1), 0, dtype=torch.float64, out=values[1])
+    return values
 
 
 def _as_handed(case: Case, kwargs: dict[str, Any], after: dict[str, torch.Tensor]) -> bool:
