@@ -624,28 +624,26 @@ class Supervisor:
         match msg:
             case JobProgress(snapshot=snap):
                 s.snapshot = self._history(msg.job, snap)
-                self._settle_owed(msg.job, s.snapshot, found=False)
             case JobFound(failure=payload, snapshot=snap):
                 s.snapshot = self._history(msg.job, snap)
                 self._add(pickle.loads(payload), msg.job)
-                self._settle_owed(msg.job, s.snapshot, found=True)
             case JobRepeat(signature=sig, snapshot=snap):
                 s.snapshot = self._history(msg.job, snap)
                 kept = self._kept.get(sig)
                 if kept is not None:
                     kept.count += 1
-                self._settle_owed(msg.job, s.snapshot, found=True)
             case JobFault(detail=detail):
                 s.fault = detail
             case JobDone(snapshot=snap, summary=summary):
                 s.snapshot, s.summary, s.done = self._history(msg.job, snap), summary, True
-                self._settle_owed(msg.job, s.snapshot, found=False)
             case JobEnvironment(detail=detail):
                 raise EnvironmentFailure(detail)
             case JobFailed(traceback=tb):
                 raise JobError(f"campaign job {msg.job} failed:\n{tb}")
             case _:
                 raise JobError(f"campaign job {msg.job} sent an unknown message: {msg!r}")
+        if isinstance(msg, JobProgress | JobFound | JobRepeat | JobDone):
+            self._settle_owed(msg.job, s.snapshot, found=isinstance(msg, JobFound | JobRepeat))
 
     def _history(self, job: int, snap: Snapshot) -> Snapshot:
         """``snap`` made whole (its changed entries onto what the job sent before), its
