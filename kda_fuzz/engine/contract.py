@@ -84,6 +84,15 @@ class Unjudgeable(Exception):
 
 
 @dataclass(frozen=True)
+class Deferred:
+    """A judgement launched on the device and not read back yet: what a judge called with
+    ``defer=True`` may return (a contract with ``judge_defers``). ``finish()`` waits for
+    it and returns, or raises, what the judge would have."""
+
+    finish: Callable[[], Any]
+
+
+@dataclass(frozen=True)
 class BatchInvariance:
     """How a family re-runs a valid case's batch members in other batches (a member's
     result must not depend on the rest of its batch): ``sub_batches(case)`` gives (a list,
@@ -295,8 +304,9 @@ class Contract:
     ``summarize`` (a case in one line), ``sizes`` (a case's named sizes for
     descriptions), ``probe(units, width, variant)`` (calibration cases: ``units``
     programs of work, each ``width`` wide), ``scale``, ``judge_budget`` (the judge
-    fills an error budget), ``status`` (notes for a campaign's summary on the family's
-    own machinery, e.g. a fast path that turned itself off), ``tally``,
+    fills an error budget), ``judge_defers`` (the judge may return a :class:`Deferred`),
+    ``status`` (notes for a campaign's summary on the family's own machinery, e.g. a
+    fast path that turned itself off), ``tally``,
     ``report_notes``, ``report_rows`` and ``report_json`` (the facts it adds to a
     campaign's counts and summary), ``aims`` (the check each breakage of a variant aims
     at, for :func:`kda_fuzz.strategies.broken_layouts`), ``restrict`` (the pins that
@@ -334,6 +344,9 @@ class Contract:
     # judge(..., facts={}) tells the dict what it learned (Outcome.facts: e.g. how much of
     # a case it compared)
     judge_facts: bool = False
+    # judge(..., defer=True) may return a Deferred: the campaign reads it after drawing the
+    # next example (a wait on the device overlapped with the host's work)
+    judge_defers: bool = False
     status: Callable[[], list[str]] | None = None
     # batch invariance: sub-batches of a valid case and where their rows differ bitwise
     batch: BatchInvariance | None = None

@@ -11,7 +11,7 @@ from typing import Any, Literal
 import torch
 
 from kda_fuzz.engine.case import Case, Judging, TensorArg
-from kda_fuzz.engine.contract import Contract, Expectation, Unjudgeable
+from kda_fuzz.engine.contract import Contract, Deferred, Expectation, Unjudgeable
 from kda_fuzz.engine.verdict import RAISED, Verdict, raised_by
 from kda_fuzz.execution import configs, variants
 from kda_fuzz.execution.variants import Variant
@@ -188,6 +188,29 @@ def run_case(contract: Contract, case: Case, target: Callable[..., Any], *,
     contract's judge can (``Outcome.budget``). Raises :class:`EnvironmentFailure` when the
     call failed in the execution machinery rather than in the target, and a device fault
     (:func:`device_error`) that surfaces after the target returned."""
+    got = launch_case(contract, case, target, messages=messages, strict=strict, guard=guard,
+                      budget=budget, defer=False)
+    assert isinstance(got, Outcome)
+    return got
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A case called and its judging launched on the device, the verdict not read yet
+    (:func:`launch_case`): ``finish()`` waits for the device and returns the
+    :class:`Outcome`, raising what :func:`run_case` would have raised."""
+
+    finish: Callable[[], Outcome]
+
+
+def launch_case(contract: Contract, case: Case, target: Callable[..., Any], *,
+                messages: Messages = "exact", strict: bool = False,
+                guard: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+                budget: bool = False, defer: bool = True) -> Outcome | Pending:
+    """:func:`run_case`, except that with ``defer`` a valid case whose judge returned a
+    :class:`~kda_fuzz.engine.contract.Deferred` (a contract with ``judge_defers``, the
+    case on a device) comes back :class:`Pending`: the caller reads its verdict later,
+    after host work of its own that the device's work overlaps."""
     ready_on_cpu(contract, case)
     exp = expectation(contract, case)
     if exp.ok and case.notes.get("semantic"):
@@ -248,28 +271,49 @@ def run_case(contract: Contract, case: Case, target: Callable[..., Any], *,
         else None
     facts: dict[str, Any] = {}
     extra: dict[str, Any] = {"facts": facts} if contract.judge_facts else {}
-    try:
-        v = (contract.judge(case, kwargs, before, bases, result, **extra) if used is None
-             else contract.judge(case, kwargs, before, bases, result, budget=used, **extra))
-    except Unjudgeable as e:
-        return Outcome("skip", exp, note=str(e), rules_held=True, facts=facts or None)
-    except torch.OutOfMemoryError:
-        return Outcome("skip", exp, note=f"{OUT_OF_MEMORY} (in the oracle)")
-    except Exception as e:  # e.g. the target resized or re-typed the caller's tensors
-        if device_error(e):  # the target's asynchronous fault: the caller's to report
-            raise
-        return Outcome("fail", exp, Verdict(
-            "mismatch", "outputs-unreadable",
-            f"the oracle could not read the caller's tensors after the call: "
-            f"{type(e).__name__}: {e}"))
-    if v is None and policy.invariance == "bitwise" and contract.batch is not None:
-        return batch_variance(contract, case, target, kwargs=kwargs)  # a saved finding
-    if v is None and policy.graph:  # a saved finding of the CUDA-graph mode
-        return graph_replay(contract, case, target)
-    if v is not None and saved:
-        v = under_configs(v, saved)
-    return Outcome("fail" if v else "pass", exp, v, budget=used or None, facts=facts or None,
-                   variants=launched)
+    if used is not None:
+        extra["budget"] = used
+    # a saved finding of a mode re-runs that mode after the judge's pass: never deferred
+    defer = defer and contract.judge_defers and not saved and not policy.graph \
+        and not (policy.invariance == "bitwise" and contract.batch is not None)
+    if defer:
+        extra["defer"] = True
+
+    def concluded(judged: Callable[[], Any]) -> Outcome:
+        """The outcome of the judge's verdict (``judged()``), as :func:`run_case`'s."""
+        try:
+            v = judged()
+        except Unjudgeable as e:
+            return Outcome("skip", exp, note=str(e), rules_held=True, facts=facts or None)
+        except torch.OutOfMemoryError:
+            return Outcome("skip", exp, note=f"{OUT_OF_MEMORY} (in the oracle)")
+        except Exception as e:  # e.g. the target resized or re-typed the caller's tensors
+            if device_error(e):  # the target's asynchronous fault: the caller's to report
+                raise
+            return Outcome("fail", exp, Verdict(
+                "mismatch", "outputs-unreadable",
+                f"the oracle could not read the caller's tensors after the call: "
+                f"{type(e).__name__}: {e}"))
+        if v is None and policy.invariance == "bitwise" and contract.batch is not None:
+            return batch_variance(contract, case, target, kwargs=kwargs)  # a saved finding
+        if v is None and policy.graph:  # a saved finding of the CUDA-graph mode
+            return graph_replay(contract, case, target)
+        if v is not None and saved:
+            v = under_configs(v, saved)
+        return Outcome("fail" if v else "pass", exp, v, budget=used or None,
+                       facts=facts or None, variants=launched)
+
+    deferred: list[Deferred] = []  # what the judge launched, when it deferred its read
+
+    def judged() -> Verdict | None:
+        v = contract.judge(case, kwargs, before, bases, result, **extra)
+        if isinstance(v, Deferred):
+            deferred.append(v)
+            return None
+        return v
+
+    outcome = concluded(judged)
+    return Pending(lambda: concluded(deferred[0].finish)) if deferred else outcome
 
 
 def under_configs(verdict: Verdict, saved: dict[str, Any]) -> Verdict:
