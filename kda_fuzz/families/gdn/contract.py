@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from kda_fuzz.engine.case import Case
-from kda_fuzz.engine.contract import Check, Contract, Hole, ModuleExecution
+from kda_fuzz.engine.contract import Check, Contract, Deferred, Hole, ModuleExecution
 from kda_fuzz.engine.verdict import Verdict
 from kda_fuzz.families.gdn import layouts as gdn_layouts
 from kda_fuzz.families.kda import contract as kda
@@ -100,10 +100,11 @@ FUSED = packed_judge.Fused(gate_per_key=False)  # the same reference as one kern
 
 def judge(case: Case, kwargs: dict[str, Any], before: dict[str, torch.Tensor],
           after: dict[str, torch.Tensor], result: Any,
-          budget: dict[str, float] | None = None) -> Verdict | None:
+          budget: dict[str, float] | None = None, *, defer: bool = False
+          ) -> Verdict | Deferred | None:
     """The packed decode oracle and tolerance policy with the GDN float64 reference."""
     return packed_judge.judge(case, kwargs, before, after, result, budget,
-                              reference=reference64, fused=FUSED)
+                              reference=reference64, fused=FUSED, defer=defer)
 
 
 def cross_judge(case: Case, before: dict[str, torch.Tensor],
@@ -144,6 +145,7 @@ CONTRACT = Contract(
     sizes=packed_judge.packed_sizes,
     probe=_probe,
     judge_budget=True,
+    judge_defers=True,  # the shared fused GPU judge's read comes later in a campaign
     status=packed_judge.fused_status,  # the shared fused GPU judge (one gate per value head)
     batch=packed_invariance.BATCH,
     report_rows=packed_summary.report_rows,  # the rows its valid cases verified

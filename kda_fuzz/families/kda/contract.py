@@ -33,6 +33,7 @@ from kda_fuzz.engine.case import Case
 from kda_fuzz.engine.contract import (
     Check,
     Contract,
+    Deferred,
     Hole,
     ModuleExecution,
     ScaleStratum,
@@ -137,12 +138,13 @@ def judge(case: Case, kwargs: dict[str, Any], before: dict[str, torch.Tensor],
           after: dict[str, torch.Tensor], result: Any,
           budget: dict[str, float] | None = None, *,
           reference: Reference | None = None, fused: Fused | None = None,
-          facts: dict[str, Any] | None = None) -> Verdict | None:
+          facts: dict[str, Any] | None = None, defer: bool = False) -> Verdict | Deferred | None:
     """KDA's judge: the packed decode oracle (:func:`packed_judge.judge`, KDA's float64
     reference by default) with the GPU-scale cases judged by ``kda_scale.judge_sampled``
     (which tells ``facts`` how)."""
     return packed_judge.judge(case, kwargs, before, after, result, budget, reference=reference,
-                              fused=fused, sampled=kda_scale.judge_sampled, facts=facts)
+                              fused=fused, sampled=kda_scale.judge_sampled, facts=facts,
+                              defer=defer)
 
 
 CONTRACT = Contract(
@@ -177,6 +179,7 @@ CONTRACT = Contract(
     scale=ScaleStratum(kda_scale.scale_cases, kda_scale.device_budget, focus=True),
     judge_budget=True,  # judge(..., budget={}) reports the error budget used
     judge_facts=True,  # judge(..., facts={}) says how a scale case was judged
+    judge_defers=True,  # judge(..., defer=True): the fused GPU judge's read comes later
     status=packed_judge.fused_status,  # says so when the fused GPU judge turned itself off
     report_notes=kda_scale.report_notes,
     report_rows=packed_summary.report_rows,  # the rows its valid cases verified

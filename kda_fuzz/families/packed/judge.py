@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from kda_fuzz.engine.case import Case
-from kda_fuzz.engine.contract import Unjudgeable
+from kda_fuzz.engine.contract import Deferred, Unjudgeable
 from kda_fuzz.engine.oracle import device_error, same_bits
 from kda_fuzz.engine.verdict import Verdict
 from kda_fuzz.families.packed import tolerance as tol
@@ -230,8 +230,8 @@ def judge(case: Case, kwargs: dict[str, Any], before: dict[str, torch.Tensor],
           after: dict[str, torch.Tensor], result: Any,
           budget: dict[str, float] | None = None, *,
           reference: Reference | None = None, fused: Fused | None = None,
-          sampled: Judge | None = None, facts: dict[str, Any] | None = None
-          ) -> Verdict | None:
+          sampled: Judge | None = None, facts: dict[str, Any] | None = None,
+          defer: bool = False) -> Verdict | Deferred | None:
     """The differential and semantic oracle for a layout the contract accepts.
 
     ``before`` holds the bases as they were handed over, ``after`` the same bases after
@@ -245,7 +245,8 @@ def judge(case: Case, kwargs: dict[str, Any], before: dict[str, torch.Tensor],
     ``reference``: the float64 result and bounds (default :func:`reference64`, with
     ``fused`` :data:`KDA_FUSED`); a sibling family of the same packing (GDN) passes its
     own and shares this policy. ``fused``: the same reference as one kernel
-    (``packed_fused``), which decides the passes on CUDA.
+    (``packed_fused``), which decides the passes on CUDA. ``defer``: there, its launches
+    are made and a :class:`~kda_fuzz.engine.contract.Deferred` returned, which reads them.
     """
     if sampled is not None and case.notes.get("scale"):
         # GPU-scale cases: bit-exact everywhere, math sampled
@@ -258,16 +259,30 @@ def judge(case: Case, kwargs: dict[str, Any], before: dict[str, torch.Tensor],
                        f"must return the caller's own (out, initial_state); got {got}")
     if reference is None:  # KDA's own
         reference, fused = reference64, KDA_FUSED
+    of: Reference = reference
     ref_args = {n: case.tensors[n].view(before[n]) for n in case.tensors}
     ref_args.update(case.scalars)
-    if fused is not None and out.device.type == "cuda" and _fused_pass(
-            case, ref_args, kwargs, before, after, fused, budget):
-        return None  # one sync, no torch reference: the common path on a GPU
-    masks = _masks(case, kwargs, before, after)
-    ref = reference(ref_args)
-    if _all_pass(kwargs, before, after, ref, masks, budget):  # one sync on the common path
-        return None
-    return _diagnose(kwargs, before, after, ref, masks)
+
+    def by_torch() -> Verdict | None:
+        masks = _masks(case, kwargs, before, after)
+        ref = of(ref_args)
+        if _all_pass(kwargs, before, after, ref, masks, budget):  # one sync on the common path
+            return None
+        return _diagnose(kwargs, before, after, ref, masks)
+
+    if fused is None or out.device.type != "cuda":
+        return by_torch()
+    if not defer:
+        if _fused_pass(case, ref_args, kwargs, before, after, fused, budget):
+            return None  # one sync, no torch reference: the common path on a GPU
+        return by_torch()
+    read = _fused_launch(case, ref_args, kwargs, before, after, fused, pinned=True)
+    if read is None:
+        return by_torch()
+
+    def finish() -> Verdict | None:
+        return None if _fused_read(read, out, state, budget) else by_torch()
+    return Deferred(finish)  # read after the campaign's next draw (the runner's lag)
 
 
 def _masks(case: Case, kwargs: dict[str, Any], before: dict[str, torch.Tensor],
@@ -306,14 +321,48 @@ def _fused_pass(case: Case, views: dict[str, Any], kwargs: dict[str, Any],
     one read of the device (some ten kernels in all); raises ``Unjudgeable`` where
     the torch oracle would. False sends the case to the torch oracle (which names the
     broken rule, or finds none)."""
+    read = _fused_launch(case, views, kwargs, before, after, fused)
+    return read is not None and _fused_read(read, kwargs["out"], kwargs["initial_state"],
+                                            budget)
+
+
+def _fused_launch(case: Case, views: dict[str, Any], kwargs: dict[str, Any],
+                  before: dict[str, torch.Tensor], after: dict[str, torch.Tensor],
+                  fused: Fused, pinned: bool = False) -> Callable[[], list[float]] | None:
+    """``_fused_values`` launched; what reads them back (a sync), or None where the fast
+    path does not judge this case. ``pinned``: their copy to pinned host memory is
+    launched too, so that the read waits for this case's work alone."""
     from kda_fuzz.families.packed import fused as pf
 
     if pf.broken is not None or not _as_handed(case, kwargs, after):
-        return False
-    out, state = kwargs["out"], kwargs["initial_state"]
+        return None
     try:
-        changed, touched, *s = _fused_values(case, views, kwargs, before, after,
-                                             fused).tolist()
+        values = _fused_values(case, views, kwargs, before, after, fused)
+        if not pinned:
+            return values.tolist
+        host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+        host.copy_(values, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record(torch.cuda.current_stream(values.device))
+    except Exception as e:
+        if device_error(e):  # the target's asynchronous fault: the caller's to report
+            raise
+        pf.disable(e)  # the fast path's own failure, never a verdict: torch from now on
+        return None
+
+    def read() -> list[float]:
+        done.synchronize()
+        return host.tolist()
+    return read
+
+
+def _fused_read(read: Callable[[], list[float]], out: torch.Tensor, state: torch.Tensor,
+                budget: dict[str, float] | None) -> bool:
+    """``_fused_pass``'s decision on the values ``read()`` returns (see there)."""
+    from kda_fuzz.families.packed import fused as pf
+
+    try:
+        changed, touched, *s = read()
     except Exception as e:
         if device_error(e):  # the target's asynchronous fault: the caller's to report
             raise
