@@ -10,7 +10,7 @@ import time
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from hypothesis import HealthCheck, Phase, given, reject, settings
@@ -32,9 +32,11 @@ from kda_fuzz.engine.contract import Contract
 from kda_fuzz.engine.oracle import (
     EnvironmentFailure,
     Outcome,
+    Pending,
     batch_variance,
     expectation,
     graph_replay,
+    launch_case,
     run_case,
     run_peers,
     under_configs,
@@ -104,6 +106,18 @@ class _Halt(BaseException):
         super().__init__(str(error))
         self.error = error
 
+
+
+@dataclass(frozen=True)
+class _Lagged:
+    """An example whose target was called and whose judging is on the device: read at the
+    start of the next example's body (after Hypothesis drew and built that case) or at the
+    end of the turn, and only then counted (see ``Campaign._settle``)."""
+
+    pos: Position
+    case: Case
+    pending: Pending
+    built: compiles.Compiles
 
 
 class Recorder:
@@ -213,6 +227,8 @@ class Campaign:
         self._sanitizer: sanitizing.SanitizerClient | None = None  # with options.sanitize
         self._sub_kinds = 0  # the most sub-batches of a case's signature seen (see _turn)
         self._mode_turns: Counter[str] = Counter()  # extra checks' turns run here (_timed)
+        self._lagging = False  # in a turn whose examples' verdicts may be read late
+        self._pending: _Lagged | None = None  # the example read late (see _settle)
         self.steering = Steering(self.options.seed or 0,
                                  resume[1].get("steering") if resume is not None else None)
 
@@ -335,9 +351,18 @@ class Campaign:
           else given(arm.strategy)(_short(self._body)))
         seed = self.options.seed or 0
         self._mark = time.monotonic()
+        self._lagging = not costly
         try:
             hypothesis_seed((seed * 1009 + arm.index) * 7919 + rounds)(test)()
+            self._settle()  # the turn's last example
+        except BaseException:
+            # what ended the turn early may be the late example's device fault (surfacing
+            # in the next draw): its read says so first, as that example's
+            with contextlib.suppress(_Stopped):
+                self._settle()
+            raise
         finally:
+            self._lagging = False
             self._tick()
             self._mark = None
 
@@ -363,6 +388,7 @@ class Campaign:
         self._body(data.draw(self._strategy))
 
     def _body(self, case: Case) -> None:
+        self._settle()  # the example before: its device work overlapped this draw
         pos: Position = (self._pos[0], self._pos[1], self._pos[2])
         self._pos[2] += 1  # (a case the strategy rejects never gets here: no position)
         if pos[0] and not pos[2]:
@@ -405,8 +431,43 @@ class Campaign:
             raise
         except Exception as e:  # an error of the fuzzer or of the environment
             raise _Halt(e) from e
+        if self._pending is None:  # (else counted and recorded as done when settled)
+            self._done(pos)
+
+    def _done(self, pos: Position) -> None:
+        """The example at ``pos`` is counted: its seconds ticked, the progress past it
+        recorded."""
         self._tick()
         self.recorder.progress((pos[0], pos[1], pos[2] + 1))
+
+    def _lags(self, pos: Position) -> bool:
+        """Whether this example's verdict may be read late (``_settle``): one target, a
+        turn of cheap cases, and nothing that runs after a pass (batch invariance, CUDA
+        graphs, other configs, the sanitizer) due on it."""
+        o = self.options
+        return (self._lagging and len(self.targets) == 1 and self.contract.judge_defers
+                and not o.kernel_configs and o.sanitize is None
+                and not self._batch_due(pos) and not self._graph_due(pos))
+
+    def _settle(self) -> None:
+        """Read the late example's verdict (a wait on the device that the draw since
+        overlapped), then count and record it as ``_example`` would have."""
+        lagged, self._pending = self._pending, None
+        if lagged is None:
+            return
+        pos, case, target = lagged.pos, lagged.case, self.targets[0]
+        try:
+            outcome = lagged.pending.finish()
+            self.report.ran(target.name, outcome.variants, case, self._layout)
+            if outcome.status == "fail":
+                assert outcome.verdict is not None
+                self._failed(case, outcome.verdict, target, pos=pos, index=0)
+            self._conclude(pos, case, outcome, [outcome], lagged.built)
+        except (_Stopped, _Halt):
+            raise
+        except Exception as e:  # a device fault of its target, or the fuzzer's own error
+            raise _Halt(e) from e
+        self._done(pos)
 
     def _example(self, pos: Position, case: Case) -> None:
         self._nth = self.report.examples + 1  # this example's number in the job
@@ -437,9 +498,14 @@ class Campaign:
         first: Outcome | None = None
         outcomes: list[Outcome] = []
         built = compiles.totals()
+        lag = self._lags(pos)
         try:
             for index, target in enumerate(self.targets):
-                outcome = self._judge(pos, index, case, target, budget=first is None)
+                outcome = self._launch(pos, index, case, target, budget=first is None,
+                                       defer=lag)
+                if isinstance(outcome, Pending):  # its verdict is read after the next draw
+                    self._pending = _Lagged(pos, case, outcome, built)
+                    return
                 first = first or outcome
                 outcomes.append(outcome)
                 self.report.ran(target.name, outcome.variants, case, self._layout)
@@ -455,6 +521,12 @@ class Campaign:
                 self.on_example(self.report)
             return
         assert first is not None
+        self._conclude(pos, case, first, outcomes, built)
+
+    def _conclude(self, pos: Position, case: Case, first: Outcome, outcomes: list[Outcome],
+                  built: compiles.Compiles) -> None:
+        """After the targets' outcomes (``first``: the first target's): the checks that
+        run after a pass, then the example counted."""
         if first.status == "pass" and self._batch_turn(pos, first) \
                 and self._within_share("batch invariance"):
             with self._timed("batch invariance"):
@@ -489,9 +561,14 @@ class Campaign:
 
     def _batch_turn(self, pos: Position, first: Outcome) -> bool:
         """Whether this passing example's rows are re-run in other batches."""
+        return first.expectation.ok and self._batch_due(pos)
+
+    def _batch_due(self, pos: Position) -> bool:
+        """Whether the example at ``pos``, if valid and passing, is re-run in other
+        batches."""
         o = self.options
         return (o.invariance != "off" and self.contract.batch is not None
-                and first.expectation.ok and self._stratum != "scale"
+                and self._stratum != "scale"
                 and zlib.crc32(f"batch:{o.seed}:{pos}".encode()) % max(1, o.invariance_every)
                 == 0)
 
@@ -529,8 +606,13 @@ class Campaign:
 
     def _graph_turn(self, pos: Position, first: Outcome) -> bool:
         """Whether this passing example is also replayed from a CUDA graph."""
+        return first.expectation.ok and self._graph_due(pos)
+
+    def _graph_due(self, pos: Position) -> bool:
+        """Whether the example at ``pos``, if valid and passing, is replayed from a CUDA
+        graph."""
         o = self.options
-        return (o.cuda_graphs and first.expectation.ok and self._stratum != "scale"
+        return (o.cuda_graphs and self._stratum != "scale"
                 and zlib.crc32(f"graph:{o.seed}:{pos}".encode()) % max(1, o.graph_every) == 0)
 
     def _graph(self, pos: Position, case: Case) -> None:
@@ -684,12 +766,25 @@ class Campaign:
 
     def _judge(self, pos: Position, index: int, case: Case, target: Target,
                budget: bool = False) -> Outcome:
+        got = self._launch(pos, index, case, target, budget=budget, defer=False)
+        assert isinstance(got, Outcome)
+        return got
+
+    def _launch(self, pos: Position, index: int, case: Case, target: Target,
+                budget: bool = False, defer: bool = False) -> Outcome | Pending:
+        """The outcome of one call of ``target`` on ``case``; with ``defer``, where the
+        judge deferred its read: :class:`Pending`, the recorder's ``settle`` still open
+        (the call stays the target's until its verdict is read)."""
         self.recorder.expect(case)
-        with self.recorder.settle():
-            return run_case(self.contract, case, target.fn, messages=self.options.messages,
-                            strict=self.options.strict,
-                            guard=lambda: self.recorder.call(pos, index),
-                            budget=budget and self.options.history)
+        with contextlib.ExitStack() as settling:
+            settling.enter_context(self.recorder.settle())
+            got = launch_case(self.contract, case, target.fn, messages=self.options.messages,
+                              strict=self.options.strict,
+                              guard=lambda: self.recorder.call(pos, index),
+                              budget=budget and self.options.history, defer=defer)
+            if isinstance(got, Pending):
+                return Pending(_finished_in(settling.pop_all(), got))
+            return got
 
     def _compiled(self, before: compiles.Compiles) -> compiles.Compiles:
         """Count the compiles since ``before`` (this example's) in the report."""
@@ -815,6 +910,14 @@ class Campaign:
                         f"of the same case: {v.detail}", reproduced=same, reruns=runs,
                         first_kind=v.kind)
         return Failure(failure.case, flaky, failure.target)
+
+
+def _finished_in(settling: contextlib.ExitStack, pending: Pending) -> Callable[[], Outcome]:
+    """``pending.finish`` inside ``settling`` (a device fault in it is the call's)."""
+    def finish() -> Outcome:
+        with settling:
+            return pending.finish()
+    return finish
 
 
 def configurable(variant: Any) -> bool:
