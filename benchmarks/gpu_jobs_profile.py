@@ -71,19 +71,20 @@ def _set_sched(how: str) -> None:
 def _unread(every: int) -> None:
     """The fused judge without its read of the device but every ``every``-th call (it
     passes every case it does not read: a measurement of the read's cost alone)."""
+    from kda_fuzz.families.packed import fused as pf
     from kda_fuzz.families.packed import judge
 
     calls = [0]
+    launch = judge._fused_launch
 
-    def fused_pass(case: Any, views: Any, kwargs: Any, before: Any, after: Any, fused: Any,
-                   budget: Any) -> bool:
-        values = judge._fused_values(case, views, kwargs, before, after, fused)
+    def fused_launch(*args: Any, **kwargs: Any) -> Any:
+        read = launch(*args, **kwargs)  # every launch, the read's copy included
         calls[0] += 1
-        if calls[0] % every == 0:
-            values.tolist()
-        return True
+        if read is None or calls[0] % every == 0:
+            return read
+        return lambda: [0.0] * (2 + pf.COLUMNS)  # every rule held, nothing read
 
-    judge._fused_pass = fused_pass
+    judge._fused_launch = fused_launch
 
 
 def _without_settle_sync(recorder: Any) -> None:

@@ -17,8 +17,8 @@ JOB = ";".join(("_run_job (kda_fuzz/campaign/supervisor.py:300)",
                 "Campaign.run (kda_fuzz/campaign/runner.py:250)",
                 "ConjectureRunner.run (hypothesis/internal/conjecture/engine.py:1026)"))
 EXAMPLE = "Campaign._example (kda_fuzz/campaign/runner.py:417)"
-RUN_CASE = "run_case (kda_fuzz/engine/oracle.py:204)"
-READ = "_fused_pass (kda_fuzz/families/packed/judge.py:320)"
+RUN_CASE = "launch_case (kda_fuzz/engine/oracle.py:230)"
+READ = "_fused_read (kda_fuzz/families/packed/judge.py:360)"
 KERNEL = "helion_fused_recurrent_kda_packed_decode (kernels/kda_decode/helion_kernel.py:140)"
 
 
