@@ -304,6 +304,11 @@ def _fuzz_parser(sub: Any, knobs: Sequence[Any] | None = None) -> None:
                         "that would take it past F at its mean cost waits, and the summary "
                         "counts those turns (default %(default)s, which kept each check "
                         "within 15 %% of the plain rate on an H100; 1: every turn runs)")
+    g.add_argument("--read-every", type=int, default=1, metavar="N",
+                   help="read the judge's results from the device once per N valid examples "
+                        "instead of after each (fewer waits on a GPU shared by jobs); a "
+                        "device fault or hang seen with several unread is traced to its "
+                        "example by running them again one at a time (default 1)")
     _sanitize_option(g)
     g.add_argument("--sanitize-every", type=int, default=8, metavar="N",
                    help="with --sanitize: one passing valid example in N (of at most 1 MiB "
@@ -457,6 +462,8 @@ def check_fuzz_args(args: argparse.Namespace) -> None:
         raise UsageError("--compile-groups must be 0 or more")
     if args.sanitize_every < 1:
         raise UsageError("--sanitize-every must be at least 1")
+    if args.read_every < 1:
+        raise UsageError("--read-every must be at least 1")
     if not 0 < args.extra_share <= 1:
         raise UsageError("--extra-share must be more than 0 and at most 1")
     _check_device(args.device)

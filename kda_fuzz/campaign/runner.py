@@ -109,12 +109,13 @@ class _Halt(BaseException):
 
 
 @dataclass(frozen=True)
-class _Lagged:
-    """An example whose target was called and whose judging is on the device: read at the
-    start of the next example's body (after Hypothesis drew and built that case) or at the
-    end of the turn, and only then counted (see ``Campaign._settle``)."""
+class _Unread:
+    """An example whose target was called and whose judging was launched on the device,
+    its result not read yet: read with the others of its batch (``options.read_every``)
+    or at the end of its turn, and only then counted (see ``Campaign._read``)."""
 
     pos: Position
+    nth: int  # its number in the job
     case: Case
     pending: Pending
     built: compiles.Compiles
@@ -144,6 +145,10 @@ class Recorder:
 
     def progress(self, position: Position) -> None:
         """The examples before ``position`` are done."""
+
+    def unread(self, position: Position | None) -> None:
+        """The oldest example whose result is not read yet (None: all are read): a fault
+        or hang seen until then may be any unread example's."""
 
 
 def _short(body: Callable[[Any], None]) -> Callable[[Any], None]:
@@ -227,8 +232,9 @@ class Campaign:
         self._sanitizer: sanitizing.SanitizerClient | None = None  # with options.sanitize
         self._sub_kinds = 0  # the most sub-batches of a case's signature seen (see _turn)
         self._mode_turns: Counter[str] = Counter()  # extra checks' turns run here (_timed)
-        self._lagging = False  # in a turn whose examples' verdicts may be read late
-        self._pending: _Lagged | None = None  # the example read late (see _settle)
+        self._batching = False  # in a turn whose examples' results may be read in batches
+        self._unread: list[_Unread] = []  # the batch launched, oldest first (see _read)
+        self._progressed: Position | None = None  # the last example counted done
         self.steering = Steering(self.options.seed or 0,
                                  resume[1].get("steering") if resume is not None else None)
 
@@ -351,18 +357,18 @@ class Campaign:
           else given(arm.strategy)(_short(self._body)))
         seed = self.options.seed or 0
         self._mark = time.monotonic()
-        self._lagging = not costly
+        self._batching = not costly and self.options.read_every > 1
         try:
             hypothesis_seed((seed * 1009 + arm.index) * 7919 + rounds)(test)()
-            self._settle()  # the turn's last example
+            self._read()  # the turn's last batch
         except BaseException:
-            # what ended the turn early may be the late example's device fault (surfacing
-            # in the next draw): its read says so first, as that example's
+            # what ended the turn early may be a device fault of an unread example (surfacing
+            # in a later draw): the batch's read says so first, as the batch's
             with contextlib.suppress(_Stopped):
-                self._settle()
+                self._read()
             raise
         finally:
-            self._lagging = False
+            self._batching = False
             self._tick()
             self._mark = None
 
@@ -388,7 +394,6 @@ class Campaign:
         self._body(data.draw(self._strategy))
 
     def _body(self, case: Case) -> None:
-        self._settle()  # the example before: its device work overlapped this draw
         pos: Position = (self._pos[0], self._pos[1], self._pos[2])
         self._pos[2] += 1  # (a case the strategy rejects never gets here: no position)
         if pos[0] and not pos[2]:
@@ -431,46 +436,53 @@ class Campaign:
             raise
         except Exception as e:  # an error of the fuzzer or of the environment
             raise _Halt(e) from e
-        if self._pending is None:  # (else counted and recorded as done when settled)
+        if not (self._unread and self._unread[-1].pos == pos):  # (else done when read)
             self._done(pos)
 
     def _done(self, pos: Position) -> None:
         """The example at ``pos`` is counted: its seconds ticked, the progress past it
-        recorded."""
+        recorded (once: a batch read at its last example counted it already)."""
+        if self._progressed == pos:
+            return
+        self._progressed = pos
         self._tick()
         self.recorder.progress((pos[0], pos[1], pos[2] + 1))
 
-    def _lags(self, pos: Position) -> bool:
-        """Whether this example's verdict may be read late (``_settle``): one target, a
-        turn of cheap cases, and nothing that runs after a pass (batch invariance, CUDA
-        graphs, other configs, the sanitizer) due on it."""
+    def _batched(self, pos: Position) -> bool:
+        """Whether this example's result may be read with a batch (``_read``): one target,
+        a turn of cheap cases, nothing that runs after a pass (batch invariance, CUDA
+        graphs, other configs, the sanitizer) due on it, and not a position a re-run reads
+        one at a time (``options.read_each_through``)."""
         o = self.options
-        return (self._lagging and len(self.targets) == 1 and self.contract.judge_defers
+        return (self._batching and len(self.targets) == 1 and self.contract.judge_defers
                 and not o.kernel_configs and o.sanitize is None
+                and (o.read_each_through is None or pos > o.read_each_through)
                 and not self._batch_due(pos) and not self._graph_due(pos))
 
-    def _settle(self) -> None:
-        """Read the late example's verdict (a wait on the device that the draw since
-        overlapped), then count and record it as ``_example`` would have."""
-        lagged, self._pending = self._pending, None
-        if lagged is None:
-            return
-        pos, case, target = lagged.pos, lagged.case, self.targets[0]
-        try:
-            outcome = lagged.pending.finish()
-            self.report.ran(target.name, outcome.variants, case, self._layout)
-            if outcome.status == "fail":
-                assert outcome.verdict is not None
-                self._failed(case, outcome.verdict, target, pos=pos, index=0)
-            self._conclude(pos, case, outcome, [outcome], lagged.built)
-        except (_Stopped, _Halt):
-            raise
-        except Exception as e:  # a device fault of its target, or the fuzzer's own error
-            raise _Halt(e) from e
-        self._done(pos)
+    def _read(self) -> None:
+        """Read the batch's results, oldest first (one wait on the device, for the first),
+        then count and record each as ``_example`` would have."""
+        while self._unread:
+            unread = self._unread.pop(0)
+            pos, case, target = unread.pos, unread.case, self.targets[0]
+            self._nth = unread.nth
+            try:
+                outcome = unread.pending.finish()
+                self.report.ran(target.name, outcome.variants, case, self._layout)
+                if outcome.status == "fail":
+                    assert outcome.verdict is not None
+                    self._failed(case, outcome.verdict, target, pos=pos, index=0)
+                self._conclude(pos, case, outcome, [outcome], unread.built, observed=True)
+            except (_Stopped, _Halt):
+                raise
+            except Exception as e:  # a device fault of its target, or the fuzzer's own error
+                raise _Halt(e) from e
+            if not self._unread:  # (a fault read leaves it: the supervisor needs it)
+                self.recorder.unread(None)
+            self._done(pos)
 
     def _example(self, pos: Position, case: Case) -> None:
-        self._nth = self.report.examples + 1  # this example's number in the job
+        self._nth = self.report.examples + len(self._unread) + 1  # its number in the job
         hard = self.hard.pop(pos, None)
         if hard is not None:  # crashed or hung here before: record it, never run it again
             index, verdict = hard
@@ -495,16 +507,26 @@ class Campaign:
         if self._deadline is not None and time.monotonic() > self._deadline:
             self.stopped = self.stopped or Stop(ExitReason.DEADLINE)
             raise _Stopped
+        batched = self._batched(pos)
+        if not batched and self._unread:
+            nth = self._nth
+            self._read()  # nothing runs while results are unread but the batch's own calls
+            self._nth = nth
         first: Outcome | None = None
         outcomes: list[Outcome] = []
         built = compiles.totals()
-        lag = self._lags(pos)
         try:
             for index, target in enumerate(self.targets):
                 outcome = self._launch(pos, index, case, target, budget=first is None,
-                                       defer=lag)
-                if isinstance(outcome, Pending):  # its verdict is read after the next draw
-                    self._pending = _Lagged(pos, case, outcome, built)
+                                       defer=batched)
+                if isinstance(outcome, Pending):  # its result is read with the batch's
+                    if not self._unread:
+                        self.recorder.unread(pos)
+                    self._unread.append(_Unread(pos, self._nth, case, outcome, built))
+                    # (steering counts it now, as it would have: the next draws stay the same)
+                    self.steering.observe(self._stratum, case, fault=False)
+                    if len(self._unread) >= self.options.read_every:
+                        self._read()
                     return
                 first = first or outcome
                 outcomes.append(outcome)
@@ -524,9 +546,10 @@ class Campaign:
         self._conclude(pos, case, first, outcomes, built)
 
     def _conclude(self, pos: Position, case: Case, first: Outcome, outcomes: list[Outcome],
-                  built: compiles.Compiles) -> None:
+                  built: compiles.Compiles, observed: bool = False) -> None:
         """After the targets' outcomes (``first``: the first target's): the checks that
-        run after a pass, then the example counted."""
+        run after a pass, then the example counted (``observed``: steering has counted
+        it)."""
         if first.status == "pass" and self._batch_turn(pos, first) \
                 and self._within_share("batch invariance"):
             with self._timed("batch invariance"):
@@ -551,7 +574,8 @@ class Campaign:
                              confirmed=True)
         compiled = self._compiled(built)
         self._count(first, case)
-        self.steering.observe(self._stratum, case, fault=False)
+        if not observed:
+            self.steering.observe(self._stratum, case, fault=False)
         if self.options.history:
             self._remember(first, compiled)
         if len(self.report.failures) >= self.options.max_failures:

@@ -93,6 +93,12 @@ class CampaignOptions:
     # campaign (the next examples refill the allocator a capture emptied; other jobs share
     # the GPU): on an H100, 0.15 took 20-38 % of the plain rate, 0.07 within 15 %
     extra_share: float = 0.07
+    # the judge's results read from the device once per this many valid examples of a turn
+    # (a judge with Contract.judge_defers); a device fault or hang found with several
+    # unread is traced to its example by running them again one at a time (supervisor)
+    read_every: int = 1
+    # positions up to this one run with every result read at once (such a re-run)
+    read_each_through: tuple[int, int, int] | None = None
 
     @classmethod
     def of(cls, **options: Any) -> CampaignOptions:
@@ -275,6 +281,7 @@ def resolve(args: argparse.Namespace, config: Any) -> CampaignSpec:
         sanitize=args.sanitize, sanitize_every=args.sanitize_every,
         kernel_configs=args.helion_configs, seeds=seeds,
         extra_share=getattr(args, "extra_share", CampaignOptions.extra_share),
+        read_every=getattr(args, "read_every", CampaignOptions.read_every),
         **shaping(args, contract), **pinned(args, contract, config))
     if shard is not None:  # the plan of the whole campaign, this shard's share of it
         from kda_fuzz.campaign.shard import DEFAULT_SEED
