@@ -88,10 +88,12 @@ STOP_GRACE = 3.0  # seconds a job may take to end its example after an interrupt
 
 # Flight record fields (one shared array of doubles per job): LIMIT, the seconds the call
 # in flight may take (0: the supervisor's timeout); COMPILING, when the compile in progress
-# began (0: none; kda_fuzz.execution.compiles); from CALIBRATION on, the job's
-# kda_fuzz.campaign.timeouts store (kept across its restarts).
+# began (0: none; kda_fuzz.execution.compiles); UNREAD (1: some results are unread) and
+# the position of the oldest example whose result is unread (--read-every); from
+# CALIBRATION on, the job's kda_fuzz.campaign.timeouts store (kept across its restarts).
 STATE, ROUND, ARM, EXAMPLE, TARGET, SINCE, LIMIT, CONFIGS, COMPILING = range(9)
-CALIBRATION = 9
+UNREAD, UNREAD_ROUND, UNREAD_ARM, UNREAD_EXAMPLE = range(9, 13)
+CALIBRATION = 13
 OWED_MARGIN = 0.5  # seconds before the clock's end a job on its way to a crash is killed
 IDLE, CALLING, FAULTED, JUDGING = 0.0, 1.0, 2.0, 3.0  # JUDGING: after a call, before the next
 
@@ -217,6 +219,14 @@ class _SharedRecorder(Recorder):
     def _fault(self, error: BaseException) -> NoReturn:
         self.record[STATE] = FAULTED  # the CUDA context is gone: report, then die here
         raise _DeviceFault(str(error).splitlines()[0]) from error
+
+    def unread(self, position: Position | None) -> None:
+        if not self.flight:
+            return
+        r = self.record
+        if position is not None:
+            r[UNREAD_ROUND], r[UNREAD_ARM], r[UNREAD_EXAMPLE] = position
+        r[UNREAD] = 0.0 if position is None else 1.0
 
     def progress(self, position: Position) -> None:
         self.record[STATE] = IDLE
@@ -370,6 +380,12 @@ class Supervisor:
         # recorded yet (it regenerates the case): such a job is killed at the clock's end,
         # not at ``hard_deadline``, and what it never records is said in the notes
         self._owed: dict[tuple[int, Position], Verdict] = {}
+        # (job, position of the call in flight) -> (the oldest unread example's position,
+        # what was seen): a crash or hang seen with several results unread, their examples
+        # run again one at a time to find whose it is (_retrace); those passed again with
+        # none found, and those never got back to, are said in the notes
+        self._retraced: dict[tuple[int, Position], tuple[Position, Verdict]] = {}
+        self._untraced: list[tuple[int, Position, Position, Verdict]] = []
         self._t0 = 0.0
         self._shown = 0.0  # when on_example may next be called
 
@@ -501,11 +517,21 @@ class Supervisor:
         """Crashes and hangs whose restarted job did not get back to them before the end:
         no case to save, but never silent (a note, and ``unrecorded_faults`` in the JSON
         summary)."""
-        if not self._owed:
+        untraced = self._untraced + [(job, first, pos, v) for (job, pos), (first, v)
+                                     in sorted(self._retraced.items())]
+        if not self._owed and not untraced:
             return
         lost = [{"job": job, "position": list(pos), "kind": v.kind, "what": v.what,
                  "detail": v.detail} for (job, pos), v in sorted(self._owed.items())]
-        self.report.extra["unrecorded_faults"] = lost
+        traced = [{"job": job, "position": list(pos), "from": list(first), "kind": v.kind,
+                   "what": v.what, "detail": v.detail} for job, first, pos, v in untraced]
+        self.report.extra["unrecorded_faults"] = lost + traced
+        for f in traced:
+            self.report.notes.append(
+                f"job {f['job']}: a {f['kind']}/{f['what']} ({f['detail']}) came while the "
+                f"results of its examples {tuple(f['from'])} to {tuple(f['position'])} were "
+                "unread (--read-every); run again one at a time, none of them showed it "
+                "(or the campaign ended first), so no file holds it")
         for f in lost:
             self.report.notes.append(
                 f"job {f['job']}: a {f['kind']}/{f['what']} at its example "
@@ -644,6 +670,7 @@ class Supervisor:
                 raise JobError(f"campaign job {msg.job} sent an unknown message: {msg!r}")
         if isinstance(msg, JobProgress | JobFound | JobRepeat | JobDone):
             self._settle_owed(msg.job, s.snapshot, found=isinstance(msg, JobFound | JobRepeat))
+            self._untrace_passed(msg.job, s.snapshot)
 
     def _history(self, job: int, snap: Snapshot) -> Snapshot:
         """``snap`` made whole (its changed entries onto what the job sent before), its
@@ -694,7 +721,8 @@ class Supervisor:
             self._drain(0.0)
             if in_compile:
                 self._compile_stalled(s, limit if past else self.timeout)
-            else:
+            elif not self._retrace(s, Verdict("timeout", "no-return",
+                                              f"did not return within {limit:.3g} s")):
                 self._hung(s, limit, calibrated)
             return
         if s.proc.is_alive():
@@ -714,6 +742,9 @@ class Supervisor:
         if not calling:
             raise JobError(f"campaign job {s.spec.index} died outside a target call "
                            f"({ended}): the fuzzer's own failure")
+        if self._retrace(s, Verdict("crash", "device-fault" if r[STATE] == FAULTED or s.fault
+                                    else "process-died", f"{s.fault or ended}")):
+            return
         if r[STATE] == FAULTED or s.fault:
             self._restart(s, Verdict("crash", "device-fault", f"the device faulted: {s.fault}"))
         elif r[STATE] == JUDGING:
@@ -752,7 +783,8 @@ class Supervisor:
         smaller variants get the ``calibrated`` limit while it is minimized (the minimized
         case is proven past the ceiling before it replaces the one found)."""
         target, here = int(s.record[TARGET]), (s.spec.index, _position(s.record))
-        if target not in self._hung_targets and here not in self._reran:
+        if target not in self._hung_targets and here not in self._reran \
+                and not self._traced(here):
             self._reran.add(here)
             self._restart(s)
             return
@@ -769,8 +801,47 @@ class Supervisor:
                                  f"did not return within {limit:.3g} s{how}",
                                  limit_seconds=round(calibrated, 3)))
 
+    def _retrace(self, s: _JobState, seen: Verdict) -> bool:
+        """A crash or hang seen while results of earlier examples were unread
+        (``--read-every``): it may be any of theirs. The job runs them again from its last
+        progress with each result read at once, so that the one it is shows at its own
+        example (True); False where the call in flight was the only one unread."""
+        r = s.record
+        pos = _position(r)
+        if not r[UNREAD]:
+            return False
+        first = int(r[UNREAD_ROUND]), int(r[UNREAD_ARM]), int(r[UNREAD_EXAMPLE])
+        if first >= pos:
+            return False
+        self._retraced[(s.spec.index, pos)] = (first, seen)
+        options = replace(s.spec.options, read_each_through=max(
+            pos, s.spec.options.read_each_through or pos))
+        self._restart(s, options=options)
+        return True
+
+    def _traced(self, here: tuple[int, Position], found: bool = False) -> bool:
+        """Whether ``here`` (job, position) lies in a batch being run again one at a time
+        (``_retrace``); ``found``: what was seen there is traced to it (it is recorded)."""
+        job, pos = here
+        keys = [k for k, (first, _) in self._retraced.items()
+                if k[0] == job and first <= pos <= k[1]]
+        if found:
+            for k in keys:
+                del self._retraced[k]
+        return bool(keys)
+
+    def _untrace_passed(self, job: int, snapshot: Snapshot | None) -> None:
+        """Batches run again one at a time whose last example the job has passed with
+        nothing found in them: what was seen there is said in the notes (``_unrecorded``)."""
+        if not self._retraced or snapshot is None:
+            return
+        for key in [k for k in self._retraced if k[0] == job and k[1] < snapshot[0]]:
+            first, seen = self._retraced.pop(key)
+            self._untraced.append((job, first, key[1], seen))
+
     def _restart(self, s: _JobState, fault: Verdict | None = None,
-                 unexecutable: str | None = None) -> None:
+                 unexecutable: str | None = None, options: CampaignOptions | None = None
+                 ) -> None:
         """Start the job again from its last progress message, ``fault`` (a crash or hang)
         recorded at its flight position, or that position's example counted as not
         executable (``unexecutable``: why); neither: that position's call runs again."""
@@ -786,6 +857,7 @@ class Supervisor:
             hard[pos] = (target, replace(fault, config_alternative=(
                 int(r[CONFIGS]) - 1 if r[CONFIGS] > 0 else None)))
             self._owed[(s.spec.index, pos)] = fault
+            self._traced((s.spec.index, pos), found=True)
         s.restarts += 1
         self.restarts += 1
         skip = {p: why for p, why in s.spec.unexecutable.items() if p >= start}
@@ -793,7 +865,7 @@ class Supervisor:
             skip[pos] = unexecutable
         seen = frozenset(self._kept)
         spec = Job(**{**s.spec.__dict__, "resume": resume, "hard": hard, "seen": seen,
-                      "unexecutable": skip})
+                      "unexecutable": skip, "options": options or s.spec.options})
         self._start(spec, s)
 
 
