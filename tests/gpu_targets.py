@@ -83,3 +83,15 @@ def reads_past_the_indices(*args):
         _peek_indices[(1,)](idx, scratch, idx.numel(),
                             BLOCK=triton.next_power_of_2(idx.numel() + 4))
     return reference_kda_packed_decode(*args)
+
+
+def faults_on_odd_heads(*args):
+    """The torch reference, but an illegal memory access on layouts of an odd number of
+    value heads, 3 or more (a fault that only some examples of a batch have)."""
+    from kda_fuzz_kernels.kda_decode import reference_kda_packed_decode
+
+    out = args[7]
+    if out.dim() == 4 and out.shape[2] >= 3 and out.shape[2] % 2 == 1:
+        _store_far_away[(1,)](out)
+        return out, args[6]
+    return reference_kda_packed_decode(*args)

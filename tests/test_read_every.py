@@ -78,8 +78,10 @@ def _facts(report: Any) -> tuple[Any, ...]:
             [(f.verdict.signature(), f.found_example, f.count) for f in report.failures])
 
 
-@pytest.mark.parametrize("bugs", [set(), {"padding_rows_untouched"}])
-def test_results_read_in_batches_count_and_find_as_read_at_once(bugs: set[str]) -> None:
+@pytest.mark.parametrize("bugs,share", [(set(), 1.0), ({"padding_rows_untouched"}, 1.0),
+                                         ({"padding_rows_untouched", "rank_check_and"}, 0.5)])
+def test_results_read_in_batches_count_and_find_as_read_at_once(bugs: set[str],
+                                                                share: float) -> None:
     """The same examples, passes, failures (each at its own example number, with its
     repeats) and calls, whether each result is read at once or eight at a time; and
     they are read eight at a time."""
@@ -87,8 +89,8 @@ def test_results_read_in_batches_count_and_find_as_read_at_once(bugs: set[str]) 
     for every in (1, 8):
         log: list[str] = []
         seen, target = _calls(mutants.make(bugs, "triton"))
-        reports.append(Campaign(_deferring(log), "triton", [target],
-                                options=_options(read_every=every)).run())
+        reports.append(Campaign(_deferring(log), "triton", [target], options=_options(
+            read_every=every, valid_share=share, max_examples=120)).run())
         logs.append(log)
         calls.append(seen)
     at_once, batched = reports
