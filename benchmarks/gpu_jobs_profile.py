@@ -7,7 +7,7 @@ with the device syncs per example (``torch.cuda.set_sync_debug_mode``) by call s
                                        [--max-b N] [--flight] [--plain] [--deal N]
                                        [--hogs cpu|gpu] [--hog-count N]
                                        [--sched spin|yield|block] [--reads-every K]
-                                       [--no-settle-sync]
+                                       [--no-settle-sync] [--read-every N]
 
 ``--plain``: no profiler and no sync census, the rate alone (cProfile slows Python-heavy
 code): ``--jobs 1 --deal 8`` (one job with the share of one of eight) against ``--jobs 8``
@@ -22,6 +22,8 @@ makes it): ``spin`` (what CUDA picks while the contexts are fewer than the cores
 core busy, ``block`` sleeps until the device is done. ``--reads-every K`` (a measurement
 only: verdicts are not read) leaves out the fused judge's read of the device but on every
 K-th example: what a job waiting for its own launches behind the other jobs' costs.
+``--read-every N`` is the campaign's option of that name: every result read, N at a time
+(against ``--reads-every``, what it takes back).
 """
 
 from __future__ import annotations
@@ -134,7 +136,7 @@ def _job(i: int, n: int, args: argparse.Namespace, out: str, start: Any, census:
     def run(seconds: float, seed: int) -> Any:
         options = CampaignOptions.of(device=args.device, max_examples=10**7, seed=seed,
                                      valid_share=args.valid_share, max_seconds=seconds,
-                                     job=(i, deal),
+                                     job=(i, deal), read_every=args.read_every,
                                      **shaping(args.device, args.max_b))
         return Campaign(get_contract("kda"), args.contract, [target], options=options,
                         recorder=recorder).run()
@@ -230,6 +232,9 @@ def main() -> None:
     ap.add_argument("--no-settle-sync", action="store_true",
                     help="with --flight: the flight record's settle without its device-wide "
                          "sync after the judge's read (a measurement)")
+    ap.add_argument("--read-every", type=int, default=1, metavar="N",
+                    help="the campaign option --read-every: the judge's results read once "
+                         "per N valid examples (default 1)")
     ap.add_argument("--reads-every", type=int, default=None, metavar="K",
                     help="read the fused judge's verdict on every K-th example only (a "
                          "measurement: the others pass unread)")
