@@ -64,6 +64,9 @@ def test_usage_errors_say_what_is_wrong_in_one_line() -> None:
     r = _run("fuzz", "--max-examples", "-1")
     assert r.returncode == 2 and r.stderr.strip() == \
         "kda-fuzz: error: --max-examples must be at least 1"
+    r = _run("fuzz", "--contract", "helion", "--read-every", "0")
+    assert r.returncode == 2 and r.stderr.strip() == \
+        "kda-fuzz: error: --read-every must be at least 1"
     r = _run("fuzz", "--contract", "foo")
     assert r.returncode == 2 and "unknown variant 'foo' (choose from" in r.stderr
     assert "helion" in r.stderr and "triton" in r.stderr
