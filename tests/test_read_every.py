@@ -368,6 +368,7 @@ def _seen(sup: Any, s: Any, started: list[Any], sv: Any, at: tuple[int, int, int
     s.proc = _Job(alive=hang)
     sup._watch(s)
     s.spec, s.fault = started[-1], ""
+    assert r[sv.UNREAD] == 0  # (the record outlives the process; its batch does not)
 
 
 def test_a_fault_seen_with_results_unread_is_run_again_one_at_a_time_and_saved_at_its_own(

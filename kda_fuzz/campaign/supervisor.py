@@ -858,6 +858,7 @@ class Supervisor:
                 int(r[CONFIGS]) - 1 if r[CONFIGS] > 0 else None)))
             self._owed[(s.spec.index, pos)] = fault
             self._traced((s.spec.index, pos), found=True)
+        r[UNREAD] = 0.0  # (the record outlives the process: its batch went with it)
         s.restarts += 1
         self.restarts += 1
         skip = {p: why for p, why in s.spec.unexecutable.items() if p >= start}
