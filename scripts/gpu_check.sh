@@ -7,6 +7,9 @@
 #        scripts/gpu_check.sh sharing [SECONDS]   (the cores' layout, then warm in-process
 #            jobs, 1 alone, beside 7 processes loading the cores or the GPU alone, and 8:
 #            what one job of eight loses to sharing the machine, and to which side of it)
+#        scripts/gpu_check.sh reads [SECONDS]   (8 warm in-process jobs with the flight
+#            record, twice in turn: results read at once, 8 at a time (--read-every 8), and
+#            every 8th left unread (--reads-every 8, a measurement): what batching takes back)
 set -uo pipefail
 out=${OUT:-/tmp}
 export PYTHONUNBUFFERED=1
@@ -33,6 +36,14 @@ case "${1:-all}" in
         python3 benchmarks/gpu_jobs_profile.py --plain --jobs $run --deal 8 --warm 15 \
           --seconds "${2:-10}" 2>&1 | grep -E '^[0-9]+ jobs'
       done; } 2>&1 | tee "$out/sharing.txt" ;;
+  reads)
+    for round in 1 2; do
+      for run in "--read-every 1" "--read-every 8" "--reads-every 8"; do
+        # shellcheck disable=SC2086  # (the run's words are options)
+        python3 benchmarks/gpu_jobs_profile.py --plain --flight --jobs 8 --deal 8 --warm 8 \
+          --seconds "${2:-8}" $run 2>&1 | grep -E '^[0-9]+ jobs' | sed "s|^|$round $run: |"
+      done
+    done 2>&1 | tee "$out/reads.txt" ;;
   fuzz)
     for v in helion triton; do
       python3 -m kda_fuzz fuzz --device cuda --contract "$v" --max-examples "${2:-300}" \
