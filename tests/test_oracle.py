@@ -531,3 +531,64 @@ def test_mutated_names_every_base_changed_and_none_else(monkeypatch, cat_bytes: 
     with Ops() as ops:
         oracle._mutated(before, {n: t.clone() for n, t in before.items()})
     assert ("stack" in ops.names) == (cat_bytes == 0)
+
+
+def test_the_fused_judges_batch_reads_each_cases_own_values_in_one_transfer() -> None:
+    """Cases judged with their reads left for later (``--read-every``): each one's values
+    go to a row of one buffer, read with one transfer, and each case is decided as its
+    own read at once decides it; the buffer's rows are free again once all are read."""
+    from kda_fuzz.families.packed import judge as packed_judge
+
+    batch = packed_judge.BATCH
+    assert batch.used == 0
+    cases, reads = [], []
+    for i, corruption in enumerate(_CORRUPTIONS[:-1] * 2):
+        case = build(_layout(seed=i, B=2 + i % 3), "triton")
+        kwargs, before, bases, ref_args = _corrupt(case, corruption, i * 7919,
+                                                   reference_kda_packed_decode)
+        cases.append((case, kwargs, before, bases, ref_args))
+        reads.append(packed_judge._fused_launch(case, ref_args, kwargs, before, bases,
+                                                packed_judge.KDA_FUSED, pinned=True))
+    assert batch.used == len(cases) and batch.host is None
+    transfers = []
+    rows = batch.rows
+    assert rows is not None
+    batch.rows = _Counted(rows, transfers)
+    try:
+        decided = []
+        for (case, kwargs, before, bases, ref_args), read in zip(cases, reads):
+            assert read is not None
+            try:
+                late = packed_judge._fused_read(read, kwargs["out"], kwargs["initial_state"],
+                                                None)
+            except Exception as e:  # Unjudgeable: as at once
+                late = type(e).__name__
+            try:
+                now = packed_judge._fused_pass(case, ref_args, kwargs, before, bases,
+                                               packed_judge.KDA_FUSED, None)
+            except Exception as e:
+                now = type(e).__name__
+            decided.append((late, now))
+    finally:
+        batch.rows = rows
+    assert all(late == now for late, now in decided), decided
+    assert {now for _, now in decided} >= {True, False}  # (passes and failures both)
+    assert len(transfers) == 1 and batch.used == 0 and batch.host is None
+
+
+class _Counted:
+    """A tensor whose slices' ``tolist`` are counted (the batch's transfers)."""
+
+    def __init__(self, rows: Any, log: list[int]) -> None:
+        self.rows, self.log = rows, log
+        self.device, self.shape = rows.device, rows.shape
+
+    def __getitem__(self, key: Any) -> Any:
+        part = self.rows[key]
+        log = self.log
+
+        class _Part:
+            def tolist(self) -> Any:
+                log.append(1)
+                return part.tolist()
+        return _Part()

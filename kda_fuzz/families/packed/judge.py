@@ -330,13 +330,20 @@ def _fused_launch(case: Case, views: dict[str, Any], kwargs: dict[str, Any],
                   before: dict[str, torch.Tensor], after: dict[str, torch.Tensor],
                   fused: Fused, pinned: bool = False) -> Callable[[], list[float]] | None:
     """``_fused_values`` launched; what reads them back (a sync), or None where the fast
-    path does not judge this case. ``pinned``: their copy to pinned host memory is
-    launched too, so that the read waits for this case's work alone."""
+    path does not judge this case. ``pinned`` (a read left for later): they go to a row of
+    ``BATCH``, read with the other rows in one transfer, or where it has none free, to
+    pinned host memory behind an event (the read then waits for this case's work alone)."""
     from kda_fuzz.families.packed import fused as pf
 
     if pf.broken is not None or not _as_handed(case, kwargs, after):
         return None
     try:
+        if pinned:  # a row of the batch's buffer, read with the others in one transfer
+            row = BATCH.row(2 + pf.COLUMNS, kwargs["initial_state"].device)
+            if row is not None:
+                _fused_values(case, views, kwargs, before, after, fused, values=row[0])
+                index = row[1]
+                return lambda: BATCH.read(index)
         values = _fused_values(case, views, kwargs, before, after, fused)
         if not pinned:
             return values.tolist
@@ -354,6 +361,53 @@ def _fused_launch(case: Case, views: dict[str, Any], kwargs: dict[str, Any],
         done.synchronize()
         return host.tolist()
     return read
+
+
+class _Batch:
+    """The fused judge's values of cases launched and not read yet (a campaign's
+    ``--read-every`` batch): each case's in a row of one device buffer, so that the first
+    read copies every row launched so far in one transfer (one wait on the device) and
+    the others read that copy. Rows are handed out again once each has been read; while
+    a batch is being read, or full, there is none (the case's values are read alone)."""
+
+    ROWS = 64
+
+    def __init__(self) -> None:
+        self.rows: torch.Tensor | None = None
+        self.used = 0  # rows handed out
+        self.done = 0  # rows read
+        self.host: list[list[float]] | None = None  # the copy being read
+
+    def row(self, width: int, device: torch.device) -> tuple[torch.Tensor, int] | None:
+        """A free row (and its index) of ``width`` float64 on ``device``, or None."""
+        if self.host is not None or self.used >= self.ROWS:
+            return None
+        if self.rows is None or self.rows.device != device or self.rows.shape[1] != width:
+            if self.used:
+                return None  # (rows of another device still to read)
+            self.rows = torch.empty(self.ROWS, width, dtype=torch.float64, device=device)
+        self.used += 1
+        return self.rows[self.used - 1], self.used - 1
+
+    def read(self, index: int) -> list[float]:
+        """Row ``index``'s values (the first read of a batch copies all its rows)."""
+        assert self.rows is not None and index < self.used
+        if self.host is None:
+            self.host = self.rows[:self.used].tolist()
+        values = self.host[index]
+        self.done += 1
+        if self.done == self.used:  # every row read: the buffer is free again
+            self.used = self.done = 0
+            self.host = None
+        return values
+
+    def reset(self) -> None:
+        """Forget the rows handed out (reads abandoned: a campaign that stopped)."""
+        self.used = self.done = 0
+        self.host = None
+
+
+BATCH = _Batch()
 
 
 def _fused_read(read: Callable[[], list[float]], out: torch.Tensor, state: torch.Tensor,
@@ -382,14 +436,16 @@ def _fused_read(read: Callable[[], list[float]], out: torch.Tensor, state: torch
 
 def _fused_values(case: Case, views: dict[str, Any], kwargs: dict[str, Any],
                   before: dict[str, torch.Tensor], after: dict[str, torch.Tensor],
-                  fused: Fused) -> torch.Tensor:
+                  fused: Fused, values: torch.Tensor | None = None) -> torch.Tensor:
     """``_fused_pass``'s launches, no sync: on the case's device, the bytes changed, the
-    pool cells written outside the named slots, then ``packed_fused``'s summary."""
+    pool cells written outside the named slots, then ``packed_fused``'s summary (in
+    ``values`` where given: ``2 + COLUMNS`` float64 on that device)."""
     from kda_fuzz.families.packed import fused as pf
 
     out, state = kwargs["out"], kwargs["initial_state"]
     # what is read back, written in place by each reduction (no stack, cast or cat)
-    values = torch.empty(2 + pf.COLUMNS, dtype=torch.float64, device=state.device)
+    if values is None:
+        values = torch.empty(2 + pf.COLUMNS, dtype=torch.float64, device=state.device)
     named = torch.zeros(state.shape[0], dtype=torch.int8, device=state.device)
     pf.summary(views, state, out, gate_per_key=fused.gate_per_key, named=named,
                out=values[2:])
