@@ -21,7 +21,7 @@ from tests import mutants
 FAULT = "CUDA error: an illegal memory access was encountered"
 
 
-def _deferring(log: list[str], defers: bool = True, fault_at: int | None = None) -> Contract:
+def _deferring(log: list[str], fault_at: int | None = None) -> Contract:
     """KDA's contract whose judge, asked to defer, returns its verdict in a ``Deferred``;
     ``log`` says when cases are drawn, called and judged, and when verdicts are read.
     ``fault_at``: the read of that launch (from 0) raises a device error, and every
@@ -53,7 +53,7 @@ def _deferring(log: list[str], defers: bool = True, fault_at: int | None = None)
             return v
         return Deferred(finish)
 
-    return replace(kda, judge=judge, judge_defers=defers,
+    return replace(kda, judge=judge, judge_defers=True,
                    valid_cases=lambda *a, **k: kda.valid_cases(*a, **k).map(drawn))
 
 
