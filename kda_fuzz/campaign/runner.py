@@ -234,7 +234,6 @@ class Campaign:
         self._mode_turns: Counter[str] = Counter()  # extra checks' turns run here (_timed)
         self._batching = False  # in a turn whose examples' results may be read in batches
         self._unread: list[_Unread] = []  # the batch launched, oldest first (see _read)
-        self._progressed: Position | None = None  # the last example counted done
         self.steering = Steering(self.options.seed or 0,
                                  resume[1].get("steering") if resume is not None else None)
 
@@ -431,20 +430,17 @@ class Campaign:
     def _run_one(self, pos: Position, case: Case) -> None:
         """Run the example at ``pos``, then record the progress past it."""
         try:
-            self._example(pos, case)
+            batched = self._example(pos, case)
         except (_Stopped, _Halt):
             raise
         except Exception as e:  # an error of the fuzzer or of the environment
             raise _Halt(e) from e
-        if not (self._unread and self._unread[-1].pos == pos):  # (else done when read)
+        if not batched:  # (else done when its batch is read)
             self._done(pos)
 
     def _done(self, pos: Position) -> None:
         """The example at ``pos`` is counted: its seconds ticked, the progress past it
-        recorded (once: a batch read at its last example counted it already)."""
-        if self._progressed == pos:
-            return
-        self._progressed = pos
+        recorded."""
         self._tick()
         self.recorder.progress((pos[0], pos[1], pos[2] + 1))
 
@@ -461,7 +457,9 @@ class Campaign:
 
     def _read(self) -> None:
         """Read the batch's results, oldest first (one wait on the device, for the first),
-        then count and record each as ``_example`` would have."""
+        then count and record each as ``_example`` would have (each under its own example
+        number; the number of the example being run is kept)."""
+        nth = self._nth
         while self._unread:
             unread = self._unread.pop(0)
             pos, case, target = unread.pos, unread.case, self.targets[0]
@@ -480,8 +478,11 @@ class Campaign:
             if not self._unread:  # (a fault read leaves it: the supervisor needs it)
                 self.recorder.unread(None)
             self._done(pos)
+        self._nth = nth
 
-    def _example(self, pos: Position, case: Case) -> None:
+    def _example(self, pos: Position, case: Case) -> bool:
+        """Run the example at ``pos``; True where its result is left to its batch's read
+        (``_read``, which counts it)."""
         self._nth = self.report.examples + len(self._unread) + 1  # its number in the job
         hard = self.hard.pop(pos, None)
         if hard is not None:  # crashed or hung here before: record it, never run it again
@@ -496,11 +497,11 @@ class Campaign:
                 verdict = under_configs(verdict, saved)
             self._failed(case.on("cpu"), verdict, self.targets[index], confirmed=True)
             self.steering.observe(self._stratum, case, fault=True)
-            return
+            return False
         skipped = self.unexecutable.pop(pos, None)
         if skipped is not None:  # its compile stalled twice: not a verdict, not run again
             self.report.not_executable(expectation(self.contract, case).ok, skipped)
-            return
+            return False
         if self.stop is not None and self.stop():
             self.stopped = self.stopped or Stop(ExitReason.STOP_REQUESTED)
             raise _Stopped
@@ -508,10 +509,8 @@ class Campaign:
             self.stopped = self.stopped or Stop(ExitReason.DEADLINE)
             raise _Stopped
         batched = self._batched(pos)
-        if not batched and self._unread:
-            nth = self._nth
+        if not batched:
             self._read()  # nothing runs while results are unread but the batch's own calls
-            self._nth = nth
         first: Outcome | None = None
         outcomes: list[Outcome] = []
         built = compiles.totals()
@@ -527,7 +526,7 @@ class Campaign:
                     self.steering.observe(self._stratum, case, fault=False)
                     if len(self._unread) >= self.options.read_every:
                         self._read()
-                    return
+                    return True
                 first = first or outcome
                 outcomes.append(outcome)
                 self.report.ran(target.name, outcome.variants, case, self._layout)
@@ -541,9 +540,10 @@ class Campaign:
             self.report.not_executable(expectation(self.contract, case).ok, str(e))
             if self.on_example is not None:
                 self.on_example(self.report)
-            return
+            return False
         assert first is not None
         self._conclude(pos, case, first, outcomes, built)
+        return False
 
     def _conclude(self, pos: Position, case: Case, first: Outcome, outcomes: list[Outcome],
                   built: compiles.Compiles, observed: bool = False) -> None:
