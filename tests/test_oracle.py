@@ -548,7 +548,7 @@ def test_the_fused_judges_batch_reads_each_cases_own_values_in_one_transfer() ->
                                                    reference_kda_packed_decode)
         cases.append((case, kwargs, before, bases, ref_args))
         reads.append(packed_judge._fused_launch(case, ref_args, kwargs, before, bases,
-                                                packed_judge.KDA_FUSED, pinned=True))
+                                                packed_judge.KDA_FUSED, batched=True))
     assert batch.used == len(cases) and batch.host is None
     transfers = []
     rows = batch.rows

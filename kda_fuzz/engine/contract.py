@@ -344,8 +344,8 @@ class Contract:
     # judge(..., facts={}) tells the dict what it learned (Outcome.facts: e.g. how much of
     # a case it compared)
     judge_facts: bool = False
-    # judge(..., defer=True) may return a Deferred: the campaign reads it after drawing the
-    # next example (a wait on the device overlapped with the host's work)
+    # judge(..., defer=True) may return a Deferred: a campaign reads it with the others of
+    # its batch (--read-every: one wait on the device for several examples)
     judge_defers: bool = False
     status: Callable[[], list[str]] | None = None
     # batch invariance: sub-batches of a valid case and where their rows differ bitwise

@@ -209,8 +209,8 @@ def launch_case(contract: Contract, case: Case, target: Callable[..., Any], *,
                 budget: bool = False, defer: bool = True) -> Outcome | Pending:
     """:func:`run_case`, except that with ``defer`` a valid case whose judge returned a
     :class:`~kda_fuzz.engine.contract.Deferred` (a contract with ``judge_defers``, the
-    case on a device) comes back :class:`Pending`: the caller reads its verdict later,
-    after host work of its own that the device's work overlaps."""
+    case on a device) comes back :class:`Pending`: the caller reads its verdict later
+    (a campaign's ``--read-every``: with other cases', in one wait on the device)."""
     ready_on_cpu(contract, case)
     exp = expectation(contract, case)
     if exp.ok and case.notes.get("semantic"):

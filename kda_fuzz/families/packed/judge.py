@@ -276,13 +276,13 @@ def judge(case: Case, kwargs: dict[str, Any], before: dict[str, torch.Tensor],
         if _fused_pass(case, ref_args, kwargs, before, after, fused, budget):
             return None  # one sync, no torch reference: the common path on a GPU
         return by_torch()
-    read = _fused_launch(case, ref_args, kwargs, before, after, fused, pinned=True)
+    read = _fused_launch(case, ref_args, kwargs, before, after, fused, batched=True)
     if read is None:
         return by_torch()
 
     def finish() -> Verdict | None:
         return None if _fused_read(read, out, state, budget) else by_torch()
-    return Deferred(finish)  # read after the campaign's next draw (the runner's lag)
+    return Deferred(finish)  # read with its batch (the campaign's --read-every)
 
 
 def _masks(case: Case, kwargs: dict[str, Any], before: dict[str, torch.Tensor],
@@ -328,39 +328,26 @@ def _fused_pass(case: Case, views: dict[str, Any], kwargs: dict[str, Any],
 
 def _fused_launch(case: Case, views: dict[str, Any], kwargs: dict[str, Any],
                   before: dict[str, torch.Tensor], after: dict[str, torch.Tensor],
-                  fused: Fused, pinned: bool = False) -> Callable[[], list[float]] | None:
+                  fused: Fused, batched: bool = False) -> Callable[[], list[float]] | None:
     """``_fused_values`` launched; what reads them back (a sync), or None where the fast
-    path does not judge this case. ``pinned`` (a read left for later): they go to a row of
-    ``BATCH``, read with the other rows in one transfer, or where it has none free, to
-    pinned host memory behind an event (the read then waits for this case's work alone)."""
+    path does not judge this case. ``batched`` (a read left for later): they go to a row of
+    ``BATCH``, read with the other rows in one transfer (where it has none free, alone)."""
     from kda_fuzz.families.packed import fused as pf
 
     if pf.broken is not None or not _as_handed(case, kwargs, after):
         return None
     try:
-        if pinned:  # a row of the batch's buffer, read with the others in one transfer
-            row = BATCH.row(2 + pf.COLUMNS, kwargs["initial_state"].device)
-            if row is not None:
-                _fused_values(case, views, kwargs, before, after, fused, values=row[0])
-                index = row[1]
-                return lambda: BATCH.read(index)
-        values = _fused_values(case, views, kwargs, before, after, fused)
-        if not pinned:
-            return values.tolist
-        host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
-        host.copy_(values, non_blocking=True)
-        done = torch.cuda.Event()
-        done.record(torch.cuda.current_stream(values.device))
+        row = BATCH.row(2 + pf.COLUMNS, kwargs["initial_state"].device) if batched else None
+        if row is not None:  # a row of the batch's buffer, read with the others at once
+            _fused_values(case, views, kwargs, before, after, fused, values=row[0])
+            index = row[1]
+            return lambda: BATCH.read(index)
+        return _fused_values(case, views, kwargs, before, after, fused).tolist
     except Exception as e:
         if device_error(e):  # the target's asynchronous fault: the caller's to report
             raise
         pf.disable(e)  # the fast path's own failure, never a verdict: torch from now on
         return None
-
-    def read() -> list[float]:
-        done.synchronize()
-        return host.tolist()
-    return read
 
 
 class _Batch:
@@ -400,11 +387,6 @@ class _Batch:
             self.used = self.done = 0
             self.host = None
         return values
-
-    def reset(self) -> None:
-        """Forget the rows handed out (reads abandoned: a campaign that stopped)."""
-        self.used = self.done = 0
-        self.host = None
 
 
 BATCH = _Batch()
