@@ -1231,7 +1231,11 @@ def _main(argv: Sequence[str] | None) -> int:
 
 def console() -> NoReturn:
     """The ``kda-fuzz`` command: :func:`main`, its exit code the process's (the
-    interpreter's teardown skipped: :func:`kda_fuzz.workers.process.exit_now`)."""
+    interpreter's teardown skipped: :func:`kda_fuzz.workers.process.exit_now`); an install
+    without bytecode has its bytecode kept (:mod:`kda_fuzz.workers.bytecode`)."""
+    from kda_fuzz.workers.bytecode import keep_bytecode
+
+    keep_bytecode()  # (before torch is imported, here and in the fork server)
     code = main()
     from kda_fuzz.workers.process import exit_now
 
