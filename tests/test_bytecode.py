@@ -79,6 +79,24 @@ def test_an_install_with_bytecode_is_left_as_python_handles_it(clean: Path,
     assert bytecode.keep_bytecode() is None  # (decided: "off" holds for its processes)
 
 
+def test_no_writable_cache_folder_keeps_nothing(clean: Path, monkeypatch: pytest.MonkeyPatch
+                                                ) -> None:
+    """Without a home, with a relative cache path or one that cannot be made, bytecode is
+    left as Python handles it (nothing written where the command happens to run)."""
+    monkeypatch.setattr(bytecode, "needs_keeping", lambda library="torch": True)
+    blocked = clean / "file"
+    blocked.write_text("")
+    for cache in ("relative/cache", str(blocked)):
+        monkeypatch.setenv("XDG_CACHE_HOME", cache)
+        monkeypatch.delenv(bytecode.ENV, raising=False)
+        assert bytecode.keep_bytecode() is None and sys.pycache_prefix is None
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setattr(os.path, "expanduser", lambda p: p)  # (no home to expand to)
+    monkeypatch.delenv(bytecode.ENV, raising=False)
+    assert bytecode.keep_bytecode() is None and os.environ[bytecode.ENV] == bytecode.OFF
+    assert not Path("relative").exists() and not Path("~").exists()
+
+
 KEEPING = """
 import sys
 from kda_fuzz.workers.bytecode import keep_bytecode

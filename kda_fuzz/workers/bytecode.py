@@ -23,10 +23,20 @@ ENV = "KDA_FUZZ_BYTECODE"  # the folder the command chose (its processes follow 
 OFF = "off"
 
 
-def default_folder() -> str:
-    """The user's cache folder for kept bytecode."""
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(cache, "kda-fuzz", "bytecode")
+def default_folder() -> str | None:
+    """The user's cache folder for kept bytecode, made where missing (None: no home, or
+    not writable)."""
+    home = os.path.expanduser("~")
+    cache = os.environ.get("XDG_CACHE_HOME") or (None if home.startswith("~")
+                                                 else os.path.join(home, ".cache"))
+    if not cache or not os.path.isabs(cache):
+        return None
+    folder = os.path.join(cache, "kda-fuzz", "bytecode")
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError:
+        return None
+    return folder if os.access(folder, os.W_OK) else None
 
 
 def needs_keeping(library: str = "torch") -> bool:
@@ -46,7 +56,7 @@ def keep_bytecode() -> str | None:
     choice): the folder, or None where bytecode is left as Python handles it."""
     folder = os.environ.get(ENV)
     if folder is None:
-        folder = default_folder() if needs_keeping() else OFF
+        folder = (default_folder() if needs_keeping() else None) or OFF
         os.environ[ENV] = folder
     if folder == OFF or not folder:
         return None
