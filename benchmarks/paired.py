@@ -268,6 +268,18 @@ def arguments(doc: str | None, *, baseline_required: bool, rounds: int, seconds:
     return ap
 
 
+def bytecode_state() -> str:
+    """Whether torch comes with its bytecode here, in words (without it, each process
+    compiles torch's and helion's sources as it imports them, unless a tree keeps what it
+    compiled: ``kda_fuzz.workers.bytecode``)."""
+    from kda_fuzz.workers.bytecode import default_folder, needs_keeping
+
+    if not needs_keeping():
+        return "installed"
+    return (f"none installed: a tree with kda_fuzz/workers/bytecode.py keeps what it "
+            f"compiles under {default_folder()}, one without compiles torch from sources")
+
+
 def main() -> None:
     args = arguments(__doc__, baseline_required=True, rounds=2, seconds=60.0,
                      keep="write each run's JSON summary there (with --census, its logs "
@@ -278,6 +290,7 @@ def main() -> None:
         trees = {"baseline": baseline, "this": HERE}
         print(f"baseline {baseline}; this tree {HERE}; {args.rounds} round(s) of "
               f"{args.seconds:g} s on {args.device}, --jobs {args.jobs} {args.args}".rstrip())
+        print(f"torch's bytecode: {bytecode_state()}")
         print(f"{'round':>5} {'tree':9} {'wall s':>7} {'examples':>9} {'ex/s':>8} "
               f"{'rows/s':>11} {'start-up s':>10} {'compiling s':>11} {'job-s':>6} "
               "restarts failures")

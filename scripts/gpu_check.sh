@@ -7,6 +7,9 @@
 #        scripts/gpu_check.sh sharing [SECONDS]   (the cores' layout, then warm in-process
 #            jobs, 1 alone, beside 7 processes loading the cores or the GPU alone, and 8:
 #            what one job of eight loses to sharing the machine, and to which side of it)
+#        scripts/gpu_check.sh startup   (whether torch has its bytecode here, and torch and
+#            helion's import timed as a command imports them, twice: where it has none, the
+#            first compiles into the kept folder, the second reads it)
 #        scripts/gpu_check.sh reads [SECONDS]   (8 warm in-process jobs with the flight
 #            record, twice in turn: results read at once, 8 at a time (--read-every 8), and
 #            every 8th left unread (--reads-every 8, a measurement): what batching takes back)
@@ -44,6 +47,15 @@ case "${1:-all}" in
           --seconds "${2:-8}" $run 2>&1 | grep -E '^[0-9]+ jobs' | sed "s|^|$round $run: |"
       done
     done 2>&1 | tee "$out/reads.txt" ;;
+  startup)
+    { python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import paired
+print(\"torch's bytecode:\", paired.bytecode_state())"
+      for run in 1 2; do
+        python3 -c "import time; t = time.perf_counter()
+from kda_fuzz.workers.bytecode import keep_bytecode as k; kept = k()
+import torch, kda_fuzz.execution.lean_helion
+print(f'import $run (torch, helion): {time.perf_counter() - t:.1f} s, bytecode kept in {kept}')"
+      done; } 2>&1 | tee "$out/startup.txt" ;;
   fuzz)
     for v in helion triton; do
       python3 -m kda_fuzz fuzz --device cuda --contract "$v" --max-examples "${2:-300}" \
