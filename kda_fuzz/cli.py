@@ -1235,7 +1235,7 @@ def console() -> NoReturn:
     without bytecode has its bytecode kept (:mod:`kda_fuzz.workers.bytecode`)."""
     from kda_fuzz.workers.bytecode import keep_bytecode
 
-    keep_bytecode()  # (before torch is imported, here and in the fork server)
+    keep_bytecode(write=False)  # (before torch is imported; the fork server writes it)
     code = main()
     from kda_fuzz.workers.process import exit_now
 

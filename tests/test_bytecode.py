@@ -65,6 +65,11 @@ def test_the_command_decides_once_and_its_processes_follow(clean: Path,
     monkeypatch.setattr(bytecode, "needs_keeping", lambda library="torch": False)
     monkeypatch.setattr(sys, "pycache_prefix", None)
     assert bytecode.keep_bytecode() == folder and sys.pycache_prefix == folder
+    # one that only reads (the command: its fork server writes) leaves writing as it was
+    monkeypatch.setattr(sys, "pycache_prefix", None)
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    assert bytecode.keep_bytecode(write=False) == folder == sys.pycache_prefix
+    assert sys.dont_write_bytecode
 
 
 def test_an_install_with_bytecode_is_left_as_python_handles_it(clean: Path,

@@ -5,8 +5,9 @@ An install without bytecode (``pip install --no-compile``, images that strip
 process compile torch's and the kernel libraries' sources as it imports them: on the
 2-core machine torch and helion took 10.3-10.9 s that way against 4.5 s from an install's
 bytecode, and 4.0 s from bytecode kept as here. Both the command and its fork server import
-them before the first example, so the command keeps the bytecode it and its processes
-compile under the user's cache (``sys.pycache_prefix``), and the next command reads it.
+them before the first example, so the fork server and its jobs keep the bytecode they
+compile under the user's cache (``sys.pycache_prefix``; writing it cost the first command
+about 2 s there), and the next command and its processes read it.
 
 Nothing changes where torch's own bytecode is installed, where the user chose a prefix
 (``PYTHONPYCACHEPREFIX``), or with ``KDA_FUZZ_BYTECODE=off``; ``KDA_FUZZ_BYTECODE=DIR``
@@ -50,10 +51,12 @@ def needs_keeping(library: str = "torch") -> bool:
     return not os.path.exists(importlib.util.cache_from_source(origin))
 
 
-def keep_bytecode() -> str | None:
-    """Keep this process's compiled bytecode where the command chose (deciding it in the
+def keep_bytecode(write: bool = True) -> str | None:
+    """Read this process's bytecode from where the command chose (deciding it in the
     command, where ``KDA_FUZZ_BYTECODE`` is unset; the processes it starts inherit the
-    choice): the folder, or None where bytecode is left as Python handles it."""
+    choice) and, with ``write``, keep there what it compiles: the folder, or None where
+    bytecode is left as Python handles it. (The command only reads: its fork server,
+    importing the same libraries at the same time, writes them once.)"""
     folder = os.environ.get(ENV)
     if folder is None:
         folder = (default_folder() if needs_keeping() else None) or OFF
@@ -62,5 +65,6 @@ def keep_bytecode() -> str | None:
         return None
     os.environ["PYTHONPYCACHEPREFIX"] = folder  # (other Pythons it starts read what is kept)
     sys.pycache_prefix = folder
-    sys.dont_write_bytecode = False  # (into the prefix only: nothing beside the sources)
+    if write:
+        sys.dont_write_bytecode = False  # (into the prefix only: nothing beside the sources)
     return folder
