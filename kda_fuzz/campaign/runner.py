@@ -466,10 +466,7 @@ class Campaign:
             self._nth = unread.nth
             try:
                 outcome = unread.pending.finish()
-                self.report.ran(target.name, outcome.variants, case, self._layout)
-                if outcome.status == "fail":
-                    assert outcome.verdict is not None
-                    self._failed(case, outcome.verdict, target, pos=pos, index=0)
+                self._ran(pos, 0, case, target, outcome)
                 self._conclude(pos, case, outcome, [outcome], unread.built, observed=True)
             except (_Stopped, _Halt):
                 raise
@@ -529,11 +526,8 @@ class Campaign:
                     return True
                 first = first or outcome
                 outcomes.append(outcome)
-                self.report.ran(target.name, outcome.variants, case, self._layout)
-                if outcome.status == "fail":
-                    assert outcome.verdict is not None
-                    self._failed(case, outcome.verdict, target, pos=pos, index=index)
-                elif outcome.status in ("gap", "skip"):
+                self._ran(pos, index, case, target, outcome)
+                if outcome.status in ("gap", "skip"):
                     break
         except EnvironmentFailure as e:  # not executable here: counted, never a verdict
             self._compiled(built)
@@ -544,6 +538,15 @@ class Campaign:
         assert first is not None
         self._conclude(pos, case, first, outcomes, built)
         return False
+
+    def _ran(self, pos: Position, index: int, case: Case, target: Target,
+             outcome: Outcome) -> None:
+        """One target's outcome on the example at ``pos``: its variants counted, a failure
+        kept (``_failed``)."""
+        self.report.ran(target.name, outcome.variants, case, self._layout)
+        if outcome.status == "fail":
+            assert outcome.verdict is not None
+            self._failed(case, outcome.verdict, target, pos=pos, index=index)
 
     def _conclude(self, pos: Position, case: Case, first: Outcome, outcomes: list[Outcome],
                   built: compiles.Compiles, observed: bool = False) -> None:
