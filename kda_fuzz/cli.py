@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 
 from kda_fuzz.campaign.spec import CampaignOptions, UsageError, shard_of
 from kda_fuzz.names import BUILTINS, DEFAULT_FAMILY, FAMILIES, SOLE_VARIANT, VARIANTS, label
+from kda_fuzz.workers.deadline import Deadline, Watchdog
 
 # Nothing heavy (torch, the contracts, the kernels) is imported above this line or before
 # the arguments are parsed and checked: a usage error or --help answers at once.
@@ -656,9 +657,45 @@ def _wants_example_db(args: argparse.Namespace) -> bool:
     return args.example_db is not None or bool(cfg.present and cfg.example_db)
 
 
-def _fuzz(args: argparse.Namespace, signals: Any = None) -> int:
+class _StartGuard:
+    """The ``--max-seconds`` clock before the campaign has begun: the command's imports
+    (torch and the kernel libraries, from sources on a loaded machine: tens of seconds),
+    a calibration, the jobs' start (their fork server still importing) cannot be cut
+    where they stand. A campaign that has not begun by the clock's ``kill`` instant ends
+    the command there: no example was judged, so it exits 2, not a verdict on any
+    target. Once begun, the campaign's own machinery keeps the clock."""
+
+    def __init__(self, clock: Deadline) -> None:
+        self.clock = clock
+        self.early: Any = None  # a Supervisor whose jobs started before the campaign began
+        self._watch = Watchdog(clock.kill, clock.kill, lambda: None, self._end).start()
+
+    def begun(self) -> None:
+        """From here on the campaign keeps the clock (or the command has ended); where the
+        guard has fired already, this thread waits for the process to end."""
+        if not self._watch.claim():
+            threading.Event().wait()
+
+    def _end(self) -> None:
+        from kda_fuzz.workers.process import exit_from_thread
+
+        try:
+            if self.early is not None:
+                self.early.abort()
+            print(f"kda-fuzz: --max-seconds {self.clock.seconds:g}: the campaign had not "
+                  f"begun {time.monotonic() - self.clock.started:.1f} s after the command "
+                  "started (its imports, a calibration, the jobs' start-up), so no example "
+                  "was judged: not a verdict on the target; give it more seconds",
+                  file=sys.stderr)
+        finally:
+            exit_from_thread(EXIT_USAGE)
+
+
+def _fuzz(args: argparse.Namespace, signals: Any = None,
+          guard: _StartGuard | None = None) -> int:
     """``kda-fuzz fuzz``; SIGINT and SIGTERM handled by ``signals`` (an entered
-    :class:`~kda_fuzz.campaign.interrupt.Signals`; ``None``: its own, for the whole command)."""
+    :class:`~kda_fuzz.campaign.interrupt.Signals`; ``None``: its own, for the whole command);
+    ``guard``: the clock until the campaign begins (``None``: no clock, or the caller's)."""
     from kda_fuzz.campaign.interrupt import Signals
     from kda_fuzz.campaign.plan import share_of
     from kda_fuzz.campaign.spec import resolve
@@ -670,7 +707,7 @@ def _fuzz(args: argparse.Namespace, signals: Any = None) -> int:
         _choose(args)
     if signals is None:  # from here on: a signal before the campaign ends the command
         with Signals() as own:
-            return _fuzz(args, own)
+            return _fuzz(args, own, guard)
 
     spec = resolve(args, _config())  # the one campaign every phase below runs
     if not (not spec.isolate and spec.jobs == 1):
@@ -684,6 +721,8 @@ def _fuzz(args: argparse.Namespace, signals: Any = None) -> int:
         from kda_fuzz.campaign.supervisor import Supervisor
 
         early = Supervisor(spec)
+        if guard is not None:
+            guard.early = early
         early.start()
     try:
         from kda_fuzz.workers.process import collector_paused
@@ -711,7 +750,21 @@ def _fuzz(args: argparse.Namespace, signals: Any = None) -> int:
             early.abort()
         raise
     print(_start_line(args, spec.jobs), file=sys.stderr)
-    run = _Run(args, spec, report_notes, share, db, replay, signals)
+    sup = None
+    if not (spec.jobs == 1 and not spec.isolate):
+        from kda_fuzz.campaign.supervisor import Supervisor
+
+        sup = early or Supervisor(spec)
+        if guard is not None:
+            guard.early = sup
+        try:
+            sup.start()  # (waits while the fork server still imports)
+        except BaseException:
+            sup.abort()
+            raise
+        if guard is not None:  # the jobs started: the supervisor keeps the clock
+            guard.begun()
+    run = _Run(args, spec, report_notes, share, db, replay, signals, guard)
     # from here on a first signal is remembered (the phases below act on it): the command
     # wraps up, saves and summarizes, then exits 128 + the signal
     with signals.stopping(lambda stop: None):
@@ -725,9 +778,7 @@ def _fuzz(args: argparse.Namespace, signals: Any = None) -> int:
                     report = _in_process(run, targets, peers, progress)
                     new = _merge_replayed(report, replay)
             else:
-                from kda_fuzz.campaign.supervisor import Supervisor
-
-                sup = early or Supervisor(spec)
+                assert sup is not None
                 sup.on_example, sup.on_found = progress.update, saver.found
 
                 def on_signal(stop: Any) -> None:
@@ -776,6 +827,7 @@ class _Run:
     db: Any
     replay: Any
     signals: Any
+    guard: _StartGuard | None = None
     saver: Any = None
 
     def wrap_up(self, report: Any, new: list[Any]) -> int:
@@ -792,7 +844,7 @@ def _in_process(run: _Run, targets: list[Any], peers: list[Any], progress: Any) 
     ends the process; the call is left where it is."""
     from kda_fuzz.campaign.channel import ExitReason, Stop
     from kda_fuzz.campaign.runner import Campaign
-    from kda_fuzz.workers.deadline import Watchdog
+    from kda_fuzz.engine.oracle import EnvironmentFailure
 
     spec, signals, saver = run.spec, run.signals, run.saver
     by_name = {t.name: t for t in [*targets, *peers]}
@@ -817,12 +869,17 @@ def _in_process(run: _Run, targets: list[Any], peers: list[Any], progress: Any) 
             report.stopped = Stop(ExitReason.DEADLINE)
             progress.__exit__(None, None, None)
             code = run.wrap_up(report, _merge_replayed(report, run.replay))
+        except EnvironmentFailure as e:  # (nothing judged by then)
+            print(f"kda-fuzz: environment error (not a verdict on the target): {e}",
+                  file=sys.stderr)
         except BaseException as e:  # ours: said, and the process ends all the same
             print(f"kda-fuzz: internal error: {type(e).__name__}: {e}", file=sys.stderr)
         exit_from_thread(code)
 
     if spec.budget.clock is not None:
         # (the minimization in this thread ends by itself at the budget's settle instant)
+        if run.guard is not None:  # this watchdog keeps the clock from here
+            run.guard.begun()
         watch = Watchdog(spec.budget.draw, spec.budget.kill, lambda: None, take_over).start()
     try:
         report = c.run()
@@ -935,8 +992,16 @@ def _wrap_up(run: _Run, report: Any, new: list[Any]) -> int:
         return 128 + signals.received
     # a crash or hang whose case its restarted job could not regenerate before the clock's
     # end is a finding all the same (said in the notes; no file holds it)
-    return EXIT_FAILURE if report.failures or report.extra.get("unrecorded_faults") \
-        else EXIT_OK
+    if report.failures or report.extra.get("unrecorded_faults"):
+        return EXIT_FAILURE
+    if report.examples == 0:  # nothing judged: no pass either
+        print("kda-fuzz: no example was judged"
+              + (f" before the --max-seconds {spec.budget.max_seconds:g} clock ran out (the "
+                 "start-up, or a first call still running at the end, took it)"
+                 if spec.budget.clock is not None else "")
+              + ": not a verdict on the target", file=sys.stderr)
+        return EXIT_USAGE
+    return EXIT_OK
 
 
 
@@ -1178,10 +1243,15 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.command is None:  # no subcommand: list them
         parser.print_help(sys.stderr)
         return EXIT_USAGE
+    guard = None
     try:
         _project_families()
         if args.command == "fuzz":
             check_fuzz_args(args)  # before anything heavy is imported
+            if args.max_seconds is not None:
+                args.clock = Deadline(started, args.max_seconds)  # (the campaign's one clock)
+                if argv is None:  # the command's own process (it may end it)
+                    guard = _StartGuard(args.clock)
             _ask_autotuning(args)  # (before the fork server: it imports helion for it)
             if not args.no_isolate:  # (its workers: forks of the fork server)
                 from kda_fuzz.workers.process import start_fork_server_early
@@ -1203,7 +1273,11 @@ def _main(argv: Sequence[str] | None) -> int:
         return EXIT_USAGE
     try:
         if args.command == "fuzz":
-            return _fuzz(args)
+            try:
+                return _fuzz(args, guard=guard)
+            finally:
+                if guard is not None:  # (ended before its campaign began: a usage error)
+                    guard.begun()
         if args.command == "merge":
             from kda_fuzz.corpus.merge import merge_command
 

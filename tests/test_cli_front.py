@@ -166,7 +166,7 @@ def test_the_fork_server_is_named_its_kernel_libraries_before_the_campaign_resol
     monkeypatch.setattr(process, "start_fork_server_early", lambda: calls.append("early"))
     monkeypatch.setattr(cli, "_name_preloads",
                         lambda targets: calls.append(tuple(targets)))
-    monkeypatch.setattr(cli, "_fuzz", lambda args: calls.append("campaign") or 0)
+    monkeypatch.setattr(cli, "_fuzz", lambda args, **_: calls.append("campaign") or 0)
     target = "kda_fuzz_kernels.kda_decode:helion_fused_recurrent_kda_packed_decode"
     assert cli.main(["fuzz", "--target", target, "--contract", "helion"]) == 0
     assert calls == ["early", (target,), "campaign"]
@@ -189,7 +189,7 @@ def test_helion_autotune_is_asked_before_the_fork_server_starts(
     monkeypatch.setattr(process, "start_fork_server_early",
                         lambda: seen.append(os.environ.get(AUTOTUNE_ENV)))
     monkeypatch.setattr(cli, "_name_preloads", lambda targets: None)
-    monkeypatch.setattr(cli, "_fuzz", lambda args: 0)
+    monkeypatch.setattr(cli, "_fuzz", lambda args, **_: 0)
     target = "kda_fuzz_kernels.kda_decode:helion_fused_recurrent_kda_packed_decode"
     assert cli.main(["fuzz", "--target", target, "--contract", "helion",
                      "--helion-autotune"]) == 0

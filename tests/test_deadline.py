@@ -122,7 +122,8 @@ def test_max_seconds_ends_the_command_in_time_with_every_finding_saved(
     start), with a summary, and every failure it confirmed saved in the corpus."""
     seconds, extra = CASES[name]
     wall, code, summary, err = _fuzz(tmp_path, seconds, *extra)
-    assert code in (0, 1), err[-3000:]
+    # (a target that hangs on its first call: nothing judged by the clock, no pass either)
+    assert code in ((2,) if name.startswith("hangs") else (0, 1)), err[-3000:]
     assert wall < seconds + allowance(seconds), (wall, err[-3000:])
     assert summary, err[-3000:]
     saved = list((tmp_path / "corpus").rglob("*.json"))
@@ -176,3 +177,52 @@ def test_a_crash_whose_restart_outlasts_the_clock_is_a_finding_said_not_lost(
     (lost,) = summary["unrecorded_faults"]
     assert lost["kind"] == "crash" and "SIGABRT" in lost["detail"], lost
     assert any("was not recorded" in n for n in summary["notes"]), summary["notes"]
+
+
+@pytest.mark.parametrize("mode", [(), ("--no-isolate",), ("-j", "2")])
+def test_a_start_up_that_outlasts_the_clock_ends_the_command_in_time_with_no_verdict(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: tuple[str, ...]) -> None:
+    """The command's own import of its target outlasts ``--max-seconds`` (as torch and a
+    kernel library from sources did on a loaded machine): the command ends by the clock,
+    exit 2, saying that nothing was judged. Before, it ran until the import and the jobs'
+    start were done (21-25 s for a 15 s clock) and exited 0 with no example."""
+    monkeypatch.setenv("KDA_FUZZ_TEST_SLOW_IMPORT", "60")
+    seconds = 6.0
+    wall, code, summary, err = _fuzz(tmp_path, seconds, "--target", "tests.slow_import:reference",
+                                     "--contract", "helion", *mode)
+    assert wall < seconds + allowance(seconds), (wall, err[-3000:])
+    assert code == 2 and not summary, (code, err[-3000:])
+    assert "the campaign had not begun" in err and "not a verdict" in err, err[-3000:]
+    assert not (tmp_path / "corpus").exists() or not any((tmp_path / "corpus").rglob("*.json"))
+
+
+def test_jobs_that_judge_no_example_by_the_clock_are_no_verdict(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The campaign begins but its job's import of the target outlasts the clock: no
+    example judged, so the summary is followed by exit 2 and the reason (it exited 0,
+    a pass of 0 examples)."""
+    monkeypatch.setenv("KDA_FUZZ_TEST_SLOW_IMPORT", "60")
+    monkeypatch.setenv("KDA_FUZZ_TEST_SLOW_WHERE", "workers")
+    seconds = 8.0
+    wall, code, summary, err = _fuzz(tmp_path, seconds, "--target", "tests.slow_import:reference",
+                                     "--contract", "helion", "-j", "1",
+                                     # (sizes given: no calibration calls before the jobs)
+                                     "--budget", "512", "--max-b", "4")
+    assert wall < seconds + allowance(seconds), (wall, err[-3000:])
+    assert code == 2 and summary["examples"] == 0, (code, err[-3000:])
+    assert "no example was judged before the --max-seconds 8 clock ran out" in err, err[-3000:]
+
+
+def test_no_job_is_started_past_the_clock() -> None:
+    """A supervisor asked to start its jobs once the clock's ``draw`` instant has passed
+    starts none (each would import the targets for nothing)."""
+    from kda_fuzz.campaign.spec import CampaignSpec
+    from kda_fuzz.campaign.supervisor import Supervisor
+
+    spec = CampaignSpec.of("kda", "helion", [REFERENCE], jobs=2,
+                           max_seconds=0.01)
+    time.sleep(0.05)
+    sup = Supervisor(spec)
+    sup.start()
+    assert sup.states == []
+    assert sup.run().examples == 0

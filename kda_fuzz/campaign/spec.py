@@ -291,8 +291,9 @@ def resolve(args: argparse.Namespace, config: Any) -> CampaignSpec:
                        seed=DEFAULT_SEED if args.seed is None else args.seed)
     if options["seed"] is None:  # chosen here: the saved files name it
         options["seed"] = random.randrange(2**31)
-    started = getattr(args, "started", None)
-    clock = None if args.max_seconds is None else Deadline(started or _now(), args.max_seconds)
+    clock = getattr(args, "clock", None)  # the command's, from its process's start
+    if clock is None and args.max_seconds is not None:
+        clock = Deadline(getattr(args, "started", None) or _now(), args.max_seconds)
     if clock is not None:
         options["deadline"] = clock.draw
     budget = Budget(max_examples=args.max_examples, max_failures=args.max_failures,

@@ -410,10 +410,14 @@ class Supervisor:
 
     def start(self) -> None:
         """Start the job processes (they import the targets and begin); ``run`` waits for
-        them. Starting early lets the jobs' imports overlap the caller's own checks."""
+        them. Starting early lets the jobs' imports overlap the caller's own checks. Past
+        the clock's ``draw`` instant none is started (the report then has no example)."""
         if self.states:
             return
         self._t0 = time.monotonic()
+        draw = self.spec.budget.draw
+        if draw is not None and self._t0 >= draw:  # no job is started past the clock
+            return
         o = self.options = replace(self.options, origin=self._t0)  # history times count from here
         n = self.jobs
         self.states = [self._start(Job(j, self.spec, self.wrap, replace(o, job=(j, n))))
