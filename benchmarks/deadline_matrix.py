@@ -10,7 +10,8 @@ hangs), each with a corpus in a temporary folder, and prints per command its wal
 (from before the process started), exit code and over-run past S. A row with a ``SETUP``
 run has its example database filled first (untimed). Flags: ``OVER`` past the allowance,
 ``KILLED`` (the benchmark had to), ``LEFTOVER`` (its processes outlived it by more than
-``LEFTOVER_GRACE``), ``ERROR`` (it exited with a usage or internal error, 2), ``LOST``
+``LEFTOVER_GRACE``), ``ERROR`` (it exited with a usage or internal error, 2), ``NOVERDICT``
+(exit 2 with no example judged by the clock, in a row that must find or not find), ``LOST``
 (fewer corpus files than the failures its JSON summary counts), ``FALSE`` (a finding on a
 correct kernel), ``MISSED`` (no finding on a planted fault), ``BIG`` (a saved file of 1 MiB
 or more). With ``--device cuda`` the rows are ``GPU_MATRIX``'s: the project's kernels with
@@ -42,6 +43,7 @@ REFERENCE = "kda_fuzz_kernels.kda_decode:reference_kda_packed_decode"
 LEFTOVER_GRACE = 3.0  # seconds the command's other processes may outlive it
 LONG = ("--shrink-seconds", "600")  # minimization that would outlast any deadline
 MiB = 1 << 20
+NOTHING_JUDGED = ("no example was judged", "the campaign had not begun")
 
 # name -> the command's arguments after ``fuzz`` (--device cpu, --max-seconds, --corpus,
 # --max-examples and --seed are added to every row)
@@ -185,12 +187,17 @@ def run_row(name: str, extra: tuple[str, ...], seconds: float, kill_after: float
         except (ValueError, KeyError):
             failures = None
     over = wall - seconds
-    error = not killed and proc.returncode not in (0, 1)  # a usage or internal error
+    # exit 2 because nothing was judged by the clock (a start-up or a first call that
+    # outlasted it): no verdict, not an error; a row that expects one is flagged NOVERDICT
+    unjudged = not killed and proc.returncode == 2 and any(
+        said in line for line in tail for said in NOTHING_JUDGED)
+    error = not killed and proc.returncode not in (0, 1) and not unjudged
     lost = failures is not None and saved < failures  # a confirmed failure not saved
     expect = EXPECT.get(name)
     flags = [f for f, on in (("KILLED", killed), ("OVER", over > allowance(seconds)),
                              ("LEFTOVER", bool(leftover)), ("ERROR", error),
                              ("LOST", lost), ("BIG", largest >= MiB),
+                             ("NOVERDICT", unjudged and expect is not None),
                              ("FALSE", expect == "clean" and bool(failures)),
                              ("MISSED", expect == "finds" and not failures)) if on]
     return {"name": name, "wall": wall, "rc": None if killed else proc.returncode,
