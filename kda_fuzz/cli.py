@@ -44,9 +44,10 @@ DESCRIPTION = """\
 Differential fuzzing and regression tests for packed KDA/GDN decode kernels.
 Run `kda-fuzz COMMAND --help` for a command's options and examples.
 
-Exit status: 0 nothing found, 1 a failure (or a bad corpus file), 2 a usage error or a
-failure of kda-fuzz's own machinery (never a verdict on the kernel).
-Terms (hole, stratum, variant, family, ...): see the glossary in the README."""
+Exit status: 0 nothing found, 1 a failure (or a bad corpus file), 2 a usage error, an
+environment error, a failure of kda-fuzz's own machinery or no example judged before
+--max-seconds ran out (never a verdict on the kernel).
+Terms (hole, stratum, variant, family, ...): see the glossary in docs/user-guide.md."""
 
 FUZZ_EXAMPLES = """\
 examples:
@@ -57,7 +58,7 @@ examples:
 terms: a *family* is a kernel contract (kda, gdn); a *variant* one of its contracts
 (helion, triton); a *stratum* a share of the plan (valid layouts, each breakage, the
 GPU-scale stratum of very large launches); a *hole* a broken layout the documented
-checks let through. See the README's glossary."""
+checks let through. See the glossary in docs/user-guide.md."""
 
 REPLAY_EXAMPLES = """\
 examples:
