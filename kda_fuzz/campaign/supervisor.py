@@ -420,8 +420,9 @@ class Supervisor:
             return
         o = self.options = replace(self.options, origin=self._t0)  # history times count from here
         n = self.jobs
-        self.states = [self._start(Job(j, self.spec, self.wrap, replace(o, job=(j, n))))
-                       for j in range(n)]
+        for j in range(n):  # (one by one: ``abort`` from another thread sees those started)
+            self.states.append(self._start(Job(j, self.spec, self.wrap,
+                                               replace(o, job=(j, n)))))
 
     def abort(self) -> None:
         """Stop jobs started by ``start`` without running the campaign."""
