@@ -1270,6 +1270,8 @@ def _main(argv: Sequence[str] | None) -> int:
                 _name_preloads(args.chosen.targets.specs)
         from kda_fuzz.engine.oracle import EnvironmentFailure
     except UsageError as e:
+        if guard is not None:  # (the command ends here, not the guard)
+            guard.begun()
         print(f"kda-fuzz: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     try:
