@@ -171,3 +171,40 @@ def test_the_fork_server_preloads_the_kernel_libraries_a_target_imports(
     assert kernel_libraries(["in_words:helion_decode"]) == [
         x for x in installed if x == "helion"]
     assert kernel_libraries(["no_such_module:decode"]) == []
+
+
+def test_kernel_libraries_follow_a_package_that_loads_its_kernels_on_first_use(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A package whose ``__getattr__`` imports the submodule named beside the callable
+    (as the project's own kernel packages do): the libraries of that submodule and of
+    what it imports from its package, not those of the package's other kernels. Before,
+    the project's Triton targets named none, and every job imported helion itself."""
+    import importlib.util
+
+    from kda_fuzz.execution import kernel_libraries
+
+    has = {lib: [lib] if importlib.util.find_spec(lib) else [] for lib in ("triton", "helion")}
+    pkg = tmp_path / "lazykernels"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(
+        '"""Kernels in triton and helion, loaded on first use."""\n'
+        "from importlib import import_module\n"
+        "from lazykernels.reference import ref\n"
+        '_LAZY = {"tk": ".tmod", "hk": ".hmod", "both": ".pick"}\n'
+        "def __getattr__(name):\n"
+        "    return getattr(import_module(_LAZY[name], __name__), name)\n")
+    (pkg / "reference.py").write_text("import torch\ndef ref(*a):\n    pass\n")
+    (pkg / "tmod.py").write_text("import triton\nfrom .reference import ref\ndef tk(*a):\n"
+                                 "    pass\n")
+    (pkg / "hmod.py").write_text("import helion\ndef hk(*a):\n    pass\n")
+    (pkg / "pick.py").write_text("from lazykernels.hmod import hk\nfrom . import tmod\n"
+                                 "def both(*a):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert kernel_libraries(["lazykernels:tk"]) == has["triton"]
+    assert kernel_libraries(["lazykernels:hk"]) == has["helion"]
+    assert kernel_libraries(["lazykernels:both"]) == has["triton"] + has["helion"]
+    assert kernel_libraries(["lazykernels:ref"]) == []
+    assert kernel_libraries(["lazykernels.tmod:tk"]) == has["triton"]
+    own = "kda_fuzz_kernels.kda_decode"
+    assert kernel_libraries([f"{own}:fused_recurrent_kda_packed_decode"]) == has["triton"]
+    assert kernel_libraries([f"{own}:kda_packed_decode"]) == has["triton"] + has["helion"]
