@@ -995,14 +995,21 @@ def _wrap_up(run: _Run, report: Any, new: list[Any]) -> int:
     # end is a finding all the same (said in the notes; no file holds it)
     if report.failures or report.extra.get("unrecorded_faults"):
         return EXIT_FAILURE
-    if report.examples == 0:  # nothing judged: no pass either
-        print("kda-fuzz: no example was judged"
-              + (f" before the --max-seconds {spec.budget.max_seconds:g} clock ran out (the "
-                 "start-up, or a first call still running at the end, took it)"
-                 if spec.budget.clock is not None else "")
-              + ": not a verdict on the target", file=sys.stderr)
+    if report.examples == 0 and _by_the_clock(report.stopped):  # no pass either
+        print(f"kda-fuzz: no example was judged before the --max-seconds "
+              f"{spec.budget.max_seconds:g} clock ran out (the start-up, or a first call "
+              "still running at the end, took it): not a verdict on the target",
+              file=sys.stderr)
         return EXIT_USAGE
     return EXIT_OK
+
+
+def _by_the_clock(stopped: Any) -> bool:
+    """Whether the campaign was stopped by its ``--max-seconds`` clock (a plan that ran
+    out first, such as a shard's empty share, was not)."""
+    from kda_fuzz.campaign.channel import ExitReason
+
+    return stopped is not None and stopped.reason is ExitReason.DEADLINE
 
 
 

@@ -225,4 +225,18 @@ def test_no_job_is_started_past_the_clock() -> None:
     sup = Supervisor(spec)
     sup.start()
     assert sup.states == []
-    assert sup.run().examples == 0
+    report = sup.run()
+    assert report.examples == 0 and report.stopped is not None
+    assert report.stopped.reason.value == "deadline", report.stopped
+
+
+def test_an_empty_share_is_no_error(tmp_path: Path) -> None:
+    """A shard whose share of the plan is empty judges no example and exits 0: only a
+    campaign the clock stopped before any example is no verdict (exit 2)."""
+    r = subprocess.run([sys.executable, "-m", "kda_fuzz", "fuzz", "--device", "cpu",
+                        "--contract", "triton", "--max-examples", "1", "--shard", "4/4",
+                        "--no-save", "--json"], cwd=ROOT, capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1])["examples"] == 0
+    assert "no example was judged" not in r.stderr

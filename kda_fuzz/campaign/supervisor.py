@@ -417,6 +417,8 @@ class Supervisor:
         self._t0 = time.monotonic()
         draw = self.spec.budget.draw
         if draw is not None and self._t0 >= draw:  # no job is started past the clock
+            self.stopped = self.stopped or Stop(ExitReason.DEADLINE,
+                                                "no job was started: the clock ran out first")
             return
         o = self.options = replace(self.options, origin=self._t0)  # history times count from here
         n = self.jobs
