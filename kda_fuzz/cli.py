@@ -870,9 +870,8 @@ def _in_process(run: _Run, targets: list[Any], peers: list[Any], progress: Any) 
             report.stopped = Stop(ExitReason.DEADLINE)
             progress.__exit__(None, None, None)
             code = run.wrap_up(report, _merge_replayed(report, run.replay))
-        except EnvironmentFailure as e:  # (nothing judged by then)
-            print(f"kda-fuzz: environment error (not a verdict on the target): {e}",
-                  file=sys.stderr)
+        except EnvironmentFailure as e:  # (none of the valid layouts could run by then)
+            code = _environment_error(e)
         except BaseException as e:  # ours: said, and the process ends all the same
             print(f"kda-fuzz: internal error: {type(e).__name__}: {e}", file=sys.stderr)
         exit_from_thread(code)
@@ -995,7 +994,12 @@ def _wrap_up(run: _Run, report: Any, new: list[Any]) -> int:
     # end is a finding all the same (said in the notes; no file holds it)
     if report.failures or report.extra.get("unrecorded_faults"):
         return EXIT_FAILURE
-    if report.examples == 0 and _by_the_clock(report.stopped):  # no pass either
+    from kda_fuzz.campaign.channel import ExitReason
+
+    # the clock stopped it before any example (not a plan that ran out first, such as a
+    # shard's empty share): no pass either
+    if report.examples == 0 and report.stopped is not None \
+            and report.stopped.reason is ExitReason.DEADLINE:
         print(f"kda-fuzz: no example was judged before the --max-seconds "
               f"{spec.budget.max_seconds:g} clock ran out (the start-up, or a first call "
               "still running at the end, took it): not a verdict on the target",
@@ -1004,12 +1008,10 @@ def _wrap_up(run: _Run, report: Any, new: list[Any]) -> int:
     return EXIT_OK
 
 
-def _by_the_clock(stopped: Any) -> bool:
-    """Whether the campaign was stopped by its ``--max-seconds`` clock (a plan that ran
-    out first, such as a shard's empty share, was not)."""
-    from kda_fuzz.campaign.channel import ExitReason
-
-    return stopped is not None and stopped.reason is ExitReason.DEADLINE
+def _environment_error(e: BaseException) -> int:
+    """Say that the machinery that runs targets failed (never a verdict); exit 2."""
+    print(f"kda-fuzz: environment error (not a verdict on the target): {e}", file=sys.stderr)
+    return EXIT_USAGE
 
 
 
@@ -1299,9 +1301,7 @@ def _main(argv: Sequence[str] | None) -> int:
         print(f"kda-fuzz: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except EnvironmentFailure as e:  # the machinery that runs targets, not a target
-        print(f"kda-fuzz: environment error (not a verdict on the target): {e}",
-              file=sys.stderr)
-        return EXIT_USAGE
+        return _environment_error(e)
     except Exception as e:  # a bug of kda-fuzz itself: never reported as a target failure
         import traceback
 
