@@ -230,7 +230,12 @@ def warm_up(args: argparse.Namespace) -> None:
         15.0 if args.device.startswith("cuda") else 0.0)
     if seconds <= 0:
         return
-    got = run(HERE, argparse.Namespace(**{**vars(args), "seconds": seconds, "census": False}))
+    try:
+        got = run(HERE, argparse.Namespace(**{**vars(args), "seconds": seconds,
+                                               "census": False}))
+    except SystemExit as e:  # e.g. exit 2: its start-up outlasted its clock (a cold machine)
+        print(f"warm-up (not counted): {str(e).splitlines()[0]}", flush=True)
+        return
     print(f"warm-up (not counted): {got['examples']} examples in {got['wall']:.1f} s "
           f"({got['examples'] / got['wall']:.1f}/s)", flush=True)
 
