@@ -58,9 +58,12 @@ def _deferring(log: list[str], fault_at: int | None = None) -> Contract:
 
 
 def _options(**kw: Any) -> CampaignOptions:
+    # extra_share 1: every batch invariance turn due runs, whatever the job's time so far
+    # (a turn held by the clock differs between two runs: on a GPU the first run of a real
+    # kernel pays its compiles and the second finds them made)
     return CampaignOptions.of(**{"max_examples": 60, "seed": 5, "budget": 512, "max_b": 4,
                                  "valid_share": 1.0, "max_failures": 50, "read_every": 8,
-                                 **kw})
+                                 "extra_share": 1.0, **kw})
 
 
 def _calls(target: Any) -> tuple[list[Any], Target]:
@@ -411,3 +414,32 @@ def test_a_fault_of_a_batch_that_does_not_come_back_is_said_never_saved(
     (f,), notes = sup.report.extra["unrecorded_faults"], sup.report.notes
     assert (f["from"], f["position"], f["what"]) == ([0, 1, 5], [0, 1, 12], "device-fault")
     assert not sup.report.failures and any("--read-every" in n for n in notes)
+
+
+def test_a_batch_counts_each_examples_compiles_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiles and their seconds a campaign reports are the same read in batches as
+    read at once: each example's own, not those of the examples launched after it (they
+    were counted once per unread example: 2x the compile seconds in an H100 campaign)."""
+    from kda_fuzz.execution import compiles
+
+    made = [compiles.Compiles()]
+    monkeypatch.setattr(compiles, "totals", lambda: made[0])
+    seen: set[tuple[int, ...]] = set()
+
+    def compiling(*args: Any) -> Any:
+        shape = tuple(args[7].shape)
+        if shape not in seen:  # a first call of a shape compiles
+            seen.add(shape)
+            made[0] = made[0] - compiles.Compiles(0, -1, -1.5)
+        return mutants.make(set(), "triton")(*args)
+
+    reports = []
+    for every in (1, 8):
+        seen.clear()
+        made[0] = compiles.Compiles()
+        reports.append(Campaign(_deferring([]), "triton", [Target("t", compiling)],
+                                options=_options(read_every=every, max_examples=120,
+                                                 invariance="off")).run())
+    at_once, batched = reports
+    assert at_once.compiles == batched.compiles == made[0].count > 1
+    assert at_once.compiling_seconds == batched.compiling_seconds == made[0].seconds

@@ -118,7 +118,7 @@ class _Unread:
     nth: int  # its number in the job
     case: Case
     pending: Pending
-    built: compiles.Compiles
+    own: compiles.Compiles  # the compiles of its call and judge's launch (not its batch's)
 
 
 class Recorder:
@@ -467,7 +467,10 @@ class Campaign:
             try:
                 outcome = unread.pending.finish()
                 self._ran(pos, 0, case, target, outcome)
-                self._conclude(pos, case, outcome, [outcome], unread.built, observed=True)
+                # (counted from now as if its own compiles had just run: those of the
+                # examples launched after it are theirs)
+                self._conclude(pos, case, outcome, [outcome], compiles.totals() - unread.own,
+                               observed=True)
             except (_Stopped, _Halt):
                 raise
             except Exception as e:  # a device fault of its target, or the fuzzer's own error
@@ -518,7 +521,8 @@ class Campaign:
                 if isinstance(outcome, Pending):  # its result is read with the batch's
                     if not self._unread:
                         self.recorder.unread(pos)
-                    self._unread.append(_Unread(pos, self._nth, case, outcome, built))
+                    self._unread.append(_Unread(pos, self._nth, case, outcome,
+                                                compiles.totals() - built))
                     # (steering counts it now, as it would have: the next draws stay the same)
                     self.steering.observe(self._stratum, case, fault=False)
                     if len(self._unread) >= self.options.read_every:
