@@ -4,9 +4,10 @@ Helion kernels, 2026-12-06).
 
 Runs ``kda-fuzz fuzz`` from a copy of this tree whose job body starts a thread writing the
 job's main-thread Python stack every ``--every`` seconds; a job whose writer goes silent has
-its main thread in a native call holding the GIL. At ``--at`` seconds, for every job
-process: each thread's state and kernel wait channel (``/proc``); for up to three jobs
-whose writer is silent, native stacks where ``py-spy`` or ``gdb`` is installed. Prints, per
+its main thread in a native call holding the GIL. At ``--at`` seconds (or, where no job has
+started by then, ``--every`` seconds after they start), for every job process: each
+thread's state and kernel wait channel (``/proc``); for up to three jobs whose writer is
+silent, native stacks where ``py-spy`` or ``gdb`` is installed. Prints, per
 job, when its writer last wrote and the stack it wrote, then what ``/proc`` and the native
 tools saw.
 
@@ -194,7 +195,9 @@ def _silent(out: Path, pid: int, seconds: float) -> bool:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=30.0)
-    ap.add_argument("--at", type=float, default=20.0, help="when to look at the jobs")
+    ap.add_argument("--at", type=float, default=20.0,
+                    help="when to look at the jobs (or, where none has started by then, "
+                         "--every seconds after they start)")
     ap.add_argument("--every", type=float, default=2.0)
     ap.add_argument("--args", default="--device cuda --contract helion")
     ap.add_argument("--out", default=None, help="keep the stacks written there")
@@ -228,6 +231,10 @@ def main() -> int:
 
         threading.Thread(target=census, daemon=True).start()
         time.sleep(max(0.0, args.at - (time.monotonic() - t0)))
+        if not job_pids(proc.pid):  # not started yet (a loaded machine): look once they
+            while not job_pids(proc.pid) and proc.poll() is None:  # are, and have written
+                time.sleep(0.25)
+            time.sleep(args.every)
         looked = time.monotonic() - t0
         pids = job_pids(proc.pid)
         before, facts0 = _ticks(pids), machine()

@@ -92,7 +92,7 @@ def test_frozen_jobs_shows_each_jobs_last_stack_and_threads() -> None:
     """``benchmarks/frozen_jobs.py`` on a CPU campaign: every job is found, its stack
     writer's last stack is in the campaign, and its threads are listed."""
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "frozen_jobs.py"),
-                        "--seconds", "12", "--at", "8", "--every", "1", "--no-native", "--args",
+                        "--seconds", "16", "--at", "8", "--every", "1", "--no-native", "--args",
                         "--device cpu --contract triton -j 2 --target "
                         "tests.slow_targets:slow_pad_wrap --max-failures 100"],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
